@@ -1,0 +1,1 @@
+"""Compiled hot paths (Cython). Each module has a .pxd stating its contract."""

