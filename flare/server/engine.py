@@ -42,7 +42,8 @@ class Engine(Protocol):
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
         """Tokenize a raw completion prompt (a string or token IDs)."""
 
-    def count_tokens(self, prepared: PreparedPrompt) -> int: ...
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes a single token decodes to (for logprobs output)."""
 
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RequestTicket: ...
 
