@@ -1,0 +1,464 @@
+"""The HTTP/1.1 connection: httptools parser callbacks and response writing.
+
+One :class:`HttpConnection` per TCP connection. It knows nothing about routes,
+JSON or the model: parser callbacks fill a per-request :class:`HttpRequest`,
+the :class:`HttpApp` decides at the end of the head (admission, auth, 404)
+and produces the response once the body is complete. Requests on one
+connection are answered strictly in order (keep-alive and pipelining); a
+pipelined request waits in ``_pipeline`` until the previous response ends.
+
+Limits are enforced as bytes arrive, never after buffering: URL (414) and
+head (431) sizes, ``Content-Length`` against the body limit before any body
+byte is read, and chunked bodies as they grow (413). Malformed input is
+answered 400 and the connection closed. Deadlines are checked by
+:meth:`HttpConnection.on_tick`, driven by one server-wide timer (or by tests
+with a fake clock): a request must arrive whole within ``request_timeout_s``
+(408), an idle keep-alive connection closes after ``keepalive_timeout_s``.
+
+Tests drive this class with a fake transport: bytes in, bytes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol
+
+import httptools
+
+from .response import CONTINUE, EVENT_STREAM, LAST_CHUNK, Response, chunk, stream_head
+
+log = logging.getLogger("flare.server")
+
+# A request that waits in the pipeline holds memory; past this depth the
+# connection stops reading until responses catch up.
+MAX_PIPELINE = 32
+
+
+@dataclass(frozen=True)
+class ProtocolLimits:
+    """Per-connection limits (from ServerConfig; see docs/serving.md)."""
+
+    max_header_bytes: int = 64 * 1024
+    max_url_bytes: int = 8 * 1024
+    max_body_bytes: int = 1 << 20
+    request_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 75.0
+
+
+class HttpRequest:
+    """One parsed request. ``headers`` keep arrival order with lower-case names."""
+
+    __slots__ = ("method", "path", "query", "headers", "body", "http_version", "keep_alive",
+                 "content_length", "received_at", "early_response", "permit", "route", "params",
+                 "_url", "_body_parts", "_body_len")
+
+    def __init__(self, received_at: float):
+        self.method = ""
+        self.path = ""
+        self.query = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+        self.http_version = "1.1"
+        self.keep_alive = True
+        self.content_length: int | None = None
+        self.received_at = received_at
+        self.early_response: Response | None = None  # answered without reading the body
+        self.permit: Any = None  # an admission permit (anything with release()), set by the app
+        self.route: Any = None  # the app's resolved route
+        self.params: dict[str, str] | None = None
+        self._url = b""
+        self._body_parts: list[bytes] = []
+        self._body_len = 0
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of a header (``name`` lower-case), or None."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def release(self) -> None:
+        """Give back what the app reserved for this request (idempotent)."""
+        permit, self.permit = self.permit, None
+        if permit is not None:
+            permit.release()
+
+
+class HttpApp(Protocol):
+    """What a connection needs from the application."""
+
+    def on_request_head(self, request: HttpRequest) -> Response | None:
+        """Decide after the head: None to read the body, or an early response."""
+
+    def handle(self, request: HttpRequest, conn: "HttpConnection") -> "Response | Awaitable[Response | None]":
+        """Answer a complete request: a Response now, or a coroutine that returns
+        one (or streams through ``conn`` and returns None)."""
+
+    def error_response(self, status: int, message: str) -> Response:
+        """The body for protocol-level failures (400, 408, 413, 414, 431, 500)."""
+
+
+class _Reject(Exception):
+    """Raised inside parser callbacks to stop parsing with a status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class HttpConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection (see the module docstring)."""
+
+    def __init__(self, app: HttpApp, limits: ProtocolLimits, *, loop: asyncio.AbstractEventLoop | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_close: Callable[["HttpConnection"], None] | None = None):
+        self.app = app
+        self.limits = limits
+        self.loop = loop
+        self.clock = clock
+        self._on_close = on_close
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._current: HttpRequest | None = None  # being parsed
+        self._head_bytes = 0
+        self._in_head = False
+        self._reject: _Reject | None = None
+        self._pipeline: deque[HttpRequest] = deque()
+        self._active: HttpRequest | None = None  # being answered
+        self._task: asyncio.Task | None = None
+        self._streaming = False  # a streamed response head was written, its end not yet
+        self._responded = False  # the active request's response has started
+        self._chunked = False
+        self._reading_paused = False
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future] = []
+        self._disconnect_callbacks: list[Callable[[], None]] = []
+        self.is_lost = False
+        self.is_shutting_down = False
+        self.deadline = 0.0  # 0 = none
+        self._deadline_is_idle = False
+
+    # -- transport callbacks -------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        self._set_deadline(self.limits.request_timeout_s, idle=True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.is_lost = True
+        for request in (self._current, *self._pipeline):
+            if request is not None:
+                request.release()
+        self._pipeline.clear()
+        self._current = None
+        callbacks, self._disconnect_callbacks = self._disconnect_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a failing callback must not keep others from running
+                log.exception("disconnect callback failed")
+        self._wake_drain_waiters()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.is_open:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+            return
+        except httptools.HttpParserError as exc:
+            reject = self._reject
+            if reject is not None:
+                self._fail(reject.status, reject.message)
+            else:
+                self._fail(400, f"malformed HTTP request: {exc}")
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes + self.limits.max_url_bytes:
+                self._fail(431, f"request head exceeds {self.limits.max_header_bytes} bytes")
+
+    def eof_received(self) -> bool | None:
+        # A half-closed client may still read its pending responses.
+        return True if (self._active is not None or self._pipeline) else None
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_drain_waiters()
+
+    # -- parser callbacks ----------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._current = HttpRequest(self.clock())
+        self._head_bytes = 0
+        self._in_head = True
+        self._set_deadline(self.limits.request_timeout_s, idle=False)
+
+    def on_url(self, url: bytes) -> None:
+        request = self._current
+        request._url += url
+        if len(request._url) > self.limits.max_url_bytes:
+            raise self._stop(414, f"request URL exceeds {self.limits.max_url_bytes} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._current
+        request.headers.append((name.lower(), value))
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > self.limits.max_header_bytes:
+            raise self._stop(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+
+    def on_headers_complete(self) -> None:
+        request = self._current
+        parser = self._parser
+        self._in_head = False
+        request.method = parser.get_method().decode("ascii", "replace")
+        request.http_version = parser.get_http_version()
+        request.keep_alive = parser.should_keep_alive()
+        try:
+            url = httptools.parse_url(request._url)
+        except httptools.HttpParserInvalidURLError:
+            raise self._stop(400, "malformed request URL") from None
+        try:
+            request.path = url.path.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self._stop(400, "request path is not UTF-8") from None
+        request.query = url.query or b""
+        length = request.header(b"content-length")
+        if length is not None:
+            # llhttp has already rejected non-numeric and conflicting lengths.
+            request.content_length = int(length)
+            if request.content_length > self.limits.max_body_bytes:
+                raise self._stop(413, f"request body of {request.content_length} bytes exceeds the "
+                                      f"limit of {self.limits.max_body_bytes} bytes")
+        early = self.app.on_request_head(request)
+        if early is not None:
+            request.early_response = early
+        elif (request.header(b"expect") or b"").lower() == b"100-continue" and self._can_write_interim():
+            self.transport.write(CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        request = self._current
+        if request.early_response is not None:
+            return  # read and dropped, so the connection stays usable
+        request._body_len += len(body)
+        if request._body_len > self.limits.max_body_bytes:
+            raise self._stop(413, f"request body exceeds the limit of {self.limits.max_body_bytes} bytes")
+        request._body_parts.append(body)
+
+    def on_message_complete(self) -> None:
+        request, self._current = self._current, None
+        parts = request._body_parts
+        request.body = parts[0] if len(parts) == 1 else b"".join(parts)
+        request._body_parts = []
+        self.deadline = 0.0
+        self._pipeline.append(request)
+        if self._active is None:
+            self._run_next()
+        elif len(self._pipeline) >= MAX_PIPELINE and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    # -- request cycle -------------------------------------------------------
+
+    def _run_next(self) -> None:
+        while self._pipeline and self._active is None and self.is_open:
+            request = self._pipeline.popleft()
+            if self._reading_paused and len(self._pipeline) < MAX_PIPELINE // 2:
+                self._reading_paused = False
+                self.transport.resume_reading()
+            if request.early_response is not None:
+                request.release()
+                self._write_response(request, request.early_response)
+                continue
+            self._active = request
+            self._responded = False
+            try:
+                result = self.app.handle(request, self)
+            except Exception as exc:  # the app failed before producing anything
+                log.exception("request handler failed")
+                result = self.app.error_response(500, f"internal error: {exc}")
+            if isinstance(result, Response):
+                self._finish(request, result)
+            else:
+                self._task = self.loop.create_task(self._await_handler(request, result))
+                return
+        if self._active is None and not self._pipeline and self._current is None and self.is_open:
+            if self.is_shutting_down:
+                self.transport.close()
+            else:
+                self._set_deadline(self.limits.keepalive_timeout_s, idle=True)
+
+    async def _await_handler(self, request: HttpRequest, coro: Awaitable[Response | None]) -> None:
+        try:
+            response = await coro
+        except asyncio.CancelledError:
+            response = None
+            if not self.is_lost:
+                self.abort()
+        except Exception as exc:
+            log.exception("request handler failed")
+            if self._streaming:
+                response = None
+                self.abort()
+            else:
+                response = self.app.error_response(500, f"internal error: {exc}")
+        self._task = None
+        self._finish(request, response)
+        if self._active is None:
+            self._run_next()
+
+    def _finish(self, request: HttpRequest, response: Response | None) -> None:
+        request.release()
+        self._disconnect_callbacks.clear()
+        if self._streaming:
+            self.end_stream()
+        elif not self._responded:
+            if response is not None:
+                self._write_response(request, response)
+            else:
+                self.abort()  # the handler gave up without answering
+        self._active = None
+
+    def _write_response(self, request: HttpRequest, response: Response) -> None:
+        if not self.is_open:
+            return
+        keep_alive = request.keep_alive and not response.close and not self.is_shutting_down
+        self.transport.write(response.encode(keep_alive=keep_alive, head_only=request.method == "HEAD"))
+        if not keep_alive:
+            self._close_after_write()
+
+    # -- the API handlers use ------------------------------------------------
+
+    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (once) if the client goes away before the response ends."""
+        if self.is_lost:
+            callback()
+        else:
+            self._disconnect_callbacks.append(callback)
+
+    def start_stream(self, status: int = 200, content_type: bytes = EVENT_STREAM,
+                     headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """Write the head of a streamed response; then ``write`` and ``end_stream``."""
+        request = self._active
+        self._streaming = True
+        self._responded = True
+        self._chunked = request.http_version == "1.1"
+        keep_alive = request.keep_alive and self._chunked and not self.is_shutting_down
+        request.keep_alive = keep_alive
+        if self.is_open:
+            self.transport.write(stream_head(status, content_type, headers, chunked=self._chunked,
+                                             keep_alive=keep_alive))
+
+    def write(self, data: bytes) -> None:
+        """Write part of a streamed body (buffered by the transport)."""
+        if data and self.is_open:
+            self.transport.write(chunk(data) if self._chunked else data)
+
+    @property
+    def is_write_paused(self) -> bool:
+        return self._write_paused and not self.is_lost
+
+    async def drain(self) -> None:
+        """Wait while the client reads slower than we write (backpressure)."""
+        while self._write_paused and not self.is_lost:
+            waiter = self.loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def end_stream(self) -> None:
+        if not self._streaming:
+            return
+        self._streaming = False
+        request = self._active
+        if not self.is_open:
+            return
+        if self._chunked:
+            self.transport.write(LAST_CHUNK)
+        if not request.keep_alive:
+            self._close_after_write()
+
+    def abort(self) -> None:
+        """Drop the connection now (a response that cannot be completed)."""
+        if self.transport is not None and not self.is_lost:
+            self.transport.abort()
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return not self.is_lost and self.transport is not None and not self.transport.is_closing()
+
+    @property
+    def is_idle(self) -> bool:
+        return self._active is None and not self._pipeline and self._current is None
+
+    def shutdown(self) -> None:
+        """Stop taking requests: close now if idle, else after the current response."""
+        self.is_shutting_down = True
+        if self.is_idle and self.is_open:
+            self.transport.close()
+
+    def on_tick(self, now: float) -> None:
+        """Enforce the request and keep-alive deadlines (called about once a second)."""
+        if self.deadline == 0.0 or now < self.deadline or self.is_lost:
+            return
+        self.deadline = 0.0
+        if not self.is_open:
+            return
+        if self._deadline_is_idle and self._current is None:
+            self.transport.close()
+        else:
+            self._fail(408, f"request not received within {self.limits.request_timeout_s:g} s")
+
+    # -- internals -----------------------------------------------------------
+
+    def _set_deadline(self, seconds: float, *, idle: bool) -> None:
+        self.deadline = self.clock() + seconds if seconds > 0 else 0.0
+        self._deadline_is_idle = idle
+
+    def _stop(self, status: int, message: str) -> _Reject:
+        self._reject = _Reject(status, message)
+        return self._reject
+
+    def _can_write_interim(self) -> bool:
+        return self._active is None and not self._pipeline and not self.is_lost
+
+    def _fail(self, status: int, message: str) -> None:
+        """Answer a protocol error (if the response order allows it) and close."""
+        self._reject = None
+        request, self._current = self._current, None
+        if request is not None:
+            request.release()
+        self._in_head = False
+        if not self.is_open:
+            return
+        if self._active is None and not self._pipeline:
+            response = self.app.error_response(status, message)
+            self.transport.write(response.encode(keep_alive=False))
+            self._close_after_write()
+        else:
+            # Earlier responses are still owed; an error now would break ordering.
+            self.abort()
+
+    def _close_after_write(self) -> None:
+        self.deadline = 0.0
+        self.transport.close()  # asyncio transports flush buffered data first
+
+    def _wake_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
