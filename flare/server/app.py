@@ -1,0 +1,235 @@
+"""The application behind every connection: routing, auth, admission, errors.
+
+:class:`ServerState` holds what routes share (engine, config, admission,
+frontend pool, metrics). :class:`Application` implements the protocol's
+:class:`~flare.server.protocol.HttpApp`: after a request head it resolves the
+route, checks the bearer token and, for generation routes, takes an HTTP
+admission permit (429 when none is left, 503 while admission is paused),
+all before the body is read. Route tables are installed per API family
+(``openai_routes.install``; Anthropic and Ollama families add their own), so
+new routes slot in without touching the protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import inspect
+import logging
+import time
+import uuid
+from typing import Any, Awaitable, Callable, Mapping
+
+from ..config import MAX_ACTIVE_LIMIT, ServerConfig
+from ..errors import Error
+from .admission import FrontendPool, HttpAdmission
+from .engine import Engine
+from .metrics import ServerMetrics
+from .protocol import HttpConnection, HttpRequest, ProtocolLimits
+from .response import Response
+
+log = logging.getLogger("flare.server")
+
+Handler = Callable[[HttpRequest, HttpConnection], "Response | Awaitable[Response | None]"]
+
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 414: "invalid_request_error",
+    429: "rate_limit_error", 431: "invalid_request_error", 500: "server_error", 503: "service_unavailable_error",
+}
+# Error codes whose message gets the configured capacity_hint / context_hint.
+CAPACITY_CODES = frozenset({"http_capacity_exhausted", "model_capacity_exhausted", "worker_unavailable"})
+CONTEXT_CODES = frozenset({"context_length_exceeded"})
+BODY_BYTES_PER_TOKEN = 32  # a context token's worth of request JSON (ServerConfig.max_body_bytes)
+
+
+def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
+                   headers: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
+    """OpenAI-style error JSON: {"error": {"message", "type", "param", "code"}}."""
+    payload = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param,
+                         "code": code}}
+    return Response.json(status, payload, headers)
+
+
+def _with_hint(message: str, hint: str) -> str:
+    return f"{message} ({hint})" if hint and hint not in message else message
+
+
+_HEALTH_OK = Response.json(200, {"status": "ok"})
+
+
+class ServerState:
+    """What every route shares; lives on the event loop thread."""
+
+    def __init__(self, engine: Engine, config: ServerConfig):
+        self.engine = engine
+        self.config = config
+        self.session_id = uuid.uuid4().hex
+        card = engine.card
+        if config.served_names:
+            card = dataclasses.replace(card, served_names=tuple(config.served_names))
+        if not card.max_model_len:
+            card = dataclasses.replace(card, max_model_len=engine.context_len)
+        self.card = card
+        self.max_active = int(getattr(engine, "max_active", 0) or config.engine.max_active or MAX_ACTIVE_LIMIT)
+        self.queue_capacity = config.queue_capacity or 4 * self.max_active
+        self.admission = HttpAdmission(self.queue_capacity + self.max_active)
+        self.frontend = FrontendPool(config.frontend_workers)
+        self.metrics = ServerMetrics(self)
+        body_limit = config.max_body_bytes or BODY_BYTES_PER_TOKEN * engine.context_len + (1 << 20)
+        self.limits = ProtocolLimits(max_header_bytes=config.max_header_bytes, max_url_bytes=config.max_url_bytes,
+                                     max_body_bytes=body_limit, request_timeout_s=config.request_timeout_s,
+                                     keepalive_timeout_s=config.keepalive_timeout_s)
+        self.listen_started: float | None = None  # monotonic
+        self.is_draining = False  # shutting down: no new generation requests
+        self.tickets: set[Any] = set()  # live RequestTickets, cancelled when the grace period ends
+        self.streams: set[Any] = set()  # live EventStreams, abandoned with them
+
+    def seconds_since_listen(self) -> float:
+        return 0.0 if self.listen_started is None else time.monotonic() - self.listen_started
+
+    def read_engine_stats(self) -> Mapping[str, float]:
+        try:
+            return self.engine.stats()
+        except Exception:  # a scrape must not fail because the runtime is gone
+            log.exception("engine.stats() failed")
+            return {}
+
+    def error_for(self, exc: Error) -> Response:
+        """The response for a typed error, with the configured hints appended."""
+        message = exc.message
+        if exc.code in CAPACITY_CODES:
+            message = _with_hint(message, self.config.capacity_hint)
+        elif exc.code in CONTEXT_CODES:
+            message = _with_hint(message, self.config.context_hint)
+        headers = ((b"retry-after", b"1"),) if exc.status in (429, 503) else ()
+        return error_response(exc.status, message, code=exc.code, param=exc.param, headers=headers)
+
+
+class Route:
+    """A handler and what must happen before its body is read."""
+
+    __slots__ = ("handler", "needs_auth", "is_generation")
+
+    def __init__(self, handler: Handler, needs_auth: bool, is_generation: bool):
+        self.handler = handler
+        self.needs_auth = needs_auth
+        self.is_generation = is_generation  # takes an HTTP admission permit
+
+
+class Router:
+    """Exact paths, plus prefixes whose remainder is a parameter (model names with slashes)."""
+
+    def __init__(self):
+        self._exact: dict[str, dict[str, Route]] = {}
+        self._prefixes: list[tuple[str, dict[str, Route]]] = []
+
+    def add(self, method: str, path: str, handler: Handler, *, auth: bool = True, generation: bool = False) -> None:
+        self._exact.setdefault(path, {})[method] = Route(handler, auth, generation)
+
+    def add_prefix(self, method: str, prefix: str, handler: Handler, *, auth: bool = True) -> None:
+        for known, routes in self._prefixes:
+            if known == prefix:
+                routes[method] = Route(handler, auth, False)
+                return
+        self._prefixes.append((prefix, {method: Route(handler, auth, False)}))
+        self._prefixes.sort(key=lambda item: -len(item[0]))
+
+    def resolve(self, method: str, path: str) -> tuple[Route | None, str | None, tuple[str, ...]]:
+        """(route, prefix remainder, methods allowed on this path)."""
+        lookup = "GET" if method == "HEAD" else method
+        routes = self._exact.get(path)
+        tail = None
+        if routes is None:
+            for prefix, candidate in self._prefixes:
+                if path.startswith(prefix) and len(path) > len(prefix):
+                    routes, tail = candidate, path[len(prefix):]
+                    break
+        if routes is None:
+            return None, None, ()
+        return routes.get(lookup), tail, tuple(routes)
+
+
+class Application:
+    """Implements HttpApp over a Router and a ServerState."""
+
+    def __init__(self, state: ServerState, router: Router):
+        self.state = state
+        self.router = router
+        key = state.config.api_key
+        self._expected_auth = b"Bearer " + key.encode("utf-8") if key else None
+
+    def on_request_head(self, request: HttpRequest) -> Response | None:
+        route, tail, methods = self.router.resolve(request.method, request.path)
+        if route is None:
+            if methods:
+                response = error_response(405, f"method {request.method} is not allowed on {request.path}",
+                                          code="method_not_allowed",
+                                          headers=((b"allow", ", ".join(methods).encode()),))
+            else:
+                response = error_response(404, f"no route for {request.method} {request.path}", code="not_found")
+            return self._count(response)
+        request.route = route
+        request.params = {"tail": tail} if tail is not None else None
+        if route.needs_auth and self._expected_auth is not None and not self._is_authorized(request):
+            return self._count(error_response(401, "missing or invalid bearer token (Authorization: Bearer KEY)",
+                                              code="invalid_api_key",
+                                              headers=((b"www-authenticate", b"Bearer"),)))
+        if route.is_generation:
+            state = self.state
+            if state.is_draining or state.admission.is_paused:
+                reason = "the server is shutting down" if state.is_draining else "admission is paused"
+                state.admission.num_refused_paused += 1
+                return self._count(error_response(503, f"{reason}; not accepting generation requests",
+                                                  code="admission_paused", headers=((b"retry-after", b"1"),)))
+            permit = state.admission.try_acquire()
+            if permit is None:
+                admission = state.admission
+                return self._count(state.error_for(Error(
+                    f"HTTP admission capacity exhausted: {admission.num_in_use} of {admission.capacity} requests "
+                    f"in progress (queue_capacity + max_active)", status=429, code="http_capacity_exhausted")))
+            request.permit = permit
+        return None
+
+    def _is_authorized(self, request: HttpRequest) -> bool:
+        given = request.header(b"authorization") or b""
+        return hmac.compare_digest(given, self._expected_auth)
+
+    def handle(self, request: HttpRequest, conn: HttpConnection) -> "Response | Awaitable[Response | None]":
+        try:
+            result = request.route.handler(request, conn)
+        except Error as exc:
+            return self._count(self.state.error_for(exc))
+        if inspect.isawaitable(result):
+            return self._finish_async(result)
+        return self._count(result)
+
+    async def _finish_async(self, pending: Awaitable[Response | None]) -> Response | None:
+        try:
+            response = await pending
+        except Error as exc:
+            response = self.state.error_for(exc)
+        if response is not None:
+            self._count(response)
+        return response
+
+    def install_core_routes(self) -> None:
+        """/health and /metrics: open even when api_key is set."""
+        self.router.add("GET", "/health", self._health, auth=False)
+        self.router.add("GET", "/metrics", self._metrics, auth=False)
+
+    def _health(self, request: HttpRequest, conn: HttpConnection) -> Response:
+        state = self.state
+        if state.is_draining:
+            return Response.json(503, {"status": "draining"})
+        return _HEALTH_OK
+
+    def _metrics(self, request: HttpRequest, conn: HttpConnection) -> Response:
+        return Response(200, self.state.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
+
+    def error_response(self, status: int, message: str) -> Response:
+        return self._count(error_response(status, message, code=f"http_{status}"))
+
+    def _count(self, response: Response) -> Response:
+        self.state.metrics.count_response(response.status)
+        return response

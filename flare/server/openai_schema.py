@@ -1,0 +1,349 @@
+"""Validation of OpenAI chat and completion request bodies.
+
+Every accepted field is listed here; any other field, or an accepted field at
+a value we cannot honour (``n`` > 1, ``response_format`` json, a non-empty
+``logit_bias``), is a 400 naming it, never silently ignored. ``null`` counts
+as absent, as in the OpenAI API. The result is a :class:`GenerationRequest`
+whose sampling settings become :class:`SamplingParams` once the prompt
+length is known (``max_tokens`` defaults to the rest of the context).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import AdmissionError
+from ..request import MAX_TOP_LOGPROBS, SamplingParams
+
+# Fields every generation route accepts, beside its own.
+_COMMON = frozenset({
+    "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "max_tokens", "n", "logprobs", "ignore_eos",
+    "stream", "stream_options", "user", "logit_bias",
+})
+CHAT_FIELDS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
+                         "top_logprobs", "chat_template_kwargs", "add_generation_prompt", "response_format",
+                         "store"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# Message keys passed to the template; the *_NULL ones are accepted only when
+# null/empty (the SDK echoes them back from earlier responses).
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning"})
+_MESSAGE_KEYS_NULL = frozenset({"refusal", "function_call", "audio", "annotations"})
+MAX_STOP_STRINGS = 16
+# OpenAI caps completions' integer logprobs at 5; we serve up to the runtime's limit.
+MAX_COMPLETION_LOGPROBS = MAX_TOP_LOGPROBS
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated chat or completion request."""
+
+    is_chat: bool
+    model: str | None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    chat_options: dict[str, Any] = field(default_factory=dict)
+    prompt: str | list[int] | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields but max_tokens
+    max_tokens: int | None = None  # None = the rest of the context
+    stream: bool = False
+    include_usage: bool = False
+
+    def sampling_params(self, prompt_len: int, context_len: int, context_hint: str = "") -> SamplingParams:
+        """Resolve max_tokens against the context; 400 when prompt + output do not fit."""
+        remaining = context_len - prompt_len
+        max_tokens = self.max_tokens if self.max_tokens is not None else remaining
+        if max_tokens < 1 or prompt_len + max_tokens > context_len:
+            requested = f"max_tokens of {self.max_tokens}" if self.max_tokens is not None else "at least one output token"
+            raise AdmissionError(
+                f"prompt of {prompt_len} tokens plus {requested} exceeds the context of {context_len} tokens",
+                status=400, code="context_length_exceeded",
+                param="max_tokens" if self.max_tokens is not None else "messages" if self.is_chat else "prompt",
+                hint=context_hint or None)
+        return SamplingParams(max_tokens=max_tokens, **self.sampling)
+
+
+def _invalid(message: str, param: str | None) -> AdmissionError:
+    return AdmissionError(message, status=400, code="invalid_request_error", param=param)
+
+
+def _unsupported(message: str, param: str) -> AdmissionError:
+    return AdmissionError(message, status=400, code="unsupported_parameter", param=param)
+
+
+def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _invalid(f"'{name}' must be a number", name)
+    if not lo <= value <= hi:
+        raise _invalid(f"'{name}' must be between {lo:g} and {hi:g}, got {value}", name)
+    return float(value)
+
+
+def _int(body: Mapping[str, Any], name: str, lo: int, hi: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(f"'{name}' must be an integer", name)
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise _invalid(f"'{name}' must be {bound}, got {value}", name)
+    return value
+
+
+def _bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _invalid(f"'{name}' must be a boolean", name)
+    return value
+
+
+def _check_fields(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(key for key in body if key not in allowed)
+    if unknown:
+        raise _unsupported(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
+
+
+def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    top_k = _int(body, "top_k", -1)
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,) if stop else ()
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(s for s in stop if s)
+    else:
+        raise _invalid("'stop' must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise _invalid(f"'stop' accepts at most {MAX_STOP_STRINGS} strings", "stop")
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is None:
+        stop_ids = []
+    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                 for t in stop_ids):
+        raise _invalid("'stop_token_ids' must be a list of non-negative integers", "stop_token_ids")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64):
+        raise _invalid("'seed' must be a 64-bit integer", "seed")
+    if body.get("n") not in (None, 1):
+        raise _unsupported("only n = 1 is supported", "n")
+    if body.get("logit_bias"):
+        raise _unsupported("'logit_bias' is not supported", "logit_bias")
+    return {
+        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
+        "top_p": _top_p(body),
+        "top_k": 0 if top_k in (None, -1) else top_k,
+        "min_p": _number(body, "min_p", 0.0, 0.0, 1.0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0, 1e-3, 10.0),
+        "seed": seed,
+        "stop": stops,
+        "stop_token_ids": tuple(stop_ids),
+        "ignore_eos": _bool(body, "ignore_eos"),
+    }
+
+
+def _top_p(body: Mapping[str, Any]) -> float:
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0.0:
+        raise _invalid("'top_p' must be greater than 0", "top_p")
+    return top_p
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise _invalid("'stream_options' must be an object", "stream_options")
+    if not stream:
+        raise _invalid("'stream_options' is only allowed with stream = true", "stream_options")
+    unknown = sorted(k for k in options if k != "include_usage")
+    if unknown:
+        raise _unsupported(f"unsupported stream option(s): {', '.join(unknown)}", "stream_options")
+    return _bool(options, "include_usage")
+
+
+def _model(body: Mapping[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _invalid("'model' must be a string", "model")
+    return model
+
+
+def parse_chat(body: Any) -> GenerationRequest:
+    """Validate a /v1/chat/completions body."""
+    if not isinstance(body, dict):
+        raise _invalid("request body must be a JSON object", None)
+    _check_fields(body, CHAT_FIELDS)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("'messages' must be a non-empty list", "messages")
+    normalized = [_message(m, i) for i, m in enumerate(messages)]
+    tools = _tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise _unsupported("only tool_choice 'auto' and 'none' are supported", "tool_choice")
+    if choice == "none":
+        tools = None
+    if body.get("parallel_tool_calls") is not None:
+        _bool(body, "parallel_tool_calls")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise _unsupported("only response_format {'type': 'text'} is supported", "response_format")
+    if body.get("store"):
+        raise _unsupported("'store' is not supported", "store")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise _invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    options = {"add_generation_prompt": _bool(body, "add_generation_prompt", True), **(kwargs or {})}
+    logprobs = _bool(body, "logprobs")
+    top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top_logprobs and not logprobs:
+        raise _invalid("'top_logprobs' requires 'logprobs' = true", "top_logprobs")
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1)
+    stream = _bool(body, "stream")
+    sampling = _sampling(body)
+    sampling.update(logprobs=logprobs, top_logprobs=top_logprobs or 0)
+    return GenerationRequest(is_chat=True, model=_model(body), messages=normalized, tools=tools,
+                             chat_options=options, sampling=sampling, max_tokens=max_tokens, stream=stream,
+                             include_usage=_stream_options(body, stream))
+
+
+def parse_completion(body: Any) -> GenerationRequest:
+    """Validate a /v1/completions body."""
+    if not isinstance(body, dict):
+        raise _invalid("request body must be a JSON object", None)
+    _check_fields(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            raise _unsupported("'prompt' must be a string or a list of token IDs (one prompt per request)",
+                               "prompt")
+    elif not isinstance(prompt, str):
+        raise _invalid("'prompt' must be a string or a list of token IDs", "prompt")
+    if body.get("echo"):
+        raise _unsupported("'echo' is not supported", "echo")
+    if body.get("best_of") not in (None, 1):
+        raise _unsupported("only best_of = 1 is supported", "best_of")
+    if body.get("suffix"):
+        raise _unsupported("'suffix' is not supported", "suffix")
+    logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    stream = _bool(body, "stream")
+    sampling = _sampling(body)
+    sampling.update(logprobs=logprobs is not None, top_logprobs=logprobs or 0)
+    return GenerationRequest(is_chat=False, model=_model(body), prompt=prompt, sampling=sampling,
+                             max_tokens=_int(body, "max_tokens", 1), stream=stream,
+                             include_usage=_stream_options(body, stream))
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise _invalid(f"{param} must be an object", param)
+    role = message.get("role")
+    if role not in ROLES:
+        raise _invalid(f"{param}.role must be one of {', '.join(sorted(ROLES))}", f"{param}.role")
+    out: dict[str, Any] = {"role": role}
+    for key, value in message.items():
+        if key in _MESSAGE_KEYS_NULL:
+            if value:
+                raise _unsupported(f"{param}.{key} is not supported", f"{param}.{key}")
+        elif key not in _MESSAGE_KEYS:
+            raise _unsupported(f"{param}.{key} is not supported", f"{param}.{key}")
+    content = message.get("content")
+    tool_calls = message.get("tool_calls")
+    if content is None:
+        if role != "assistant" or not tool_calls:
+            raise _invalid(f"{param}.content is required", f"{param}.content")
+    else:
+        out["content"] = _content(content, f"{param}.content")
+    for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
+        value = message.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise _invalid(f"{param}.{key} must be a string", f"{param}.{key}")
+            out[key] = value
+    if tool_calls:
+        if role != "assistant":
+            raise _invalid(f"{param}.tool_calls is only allowed on assistant messages", f"{param}.tool_calls")
+        out["tool_calls"] = _tool_calls(tool_calls, f"{param}.tool_calls")
+    return out
+
+
+def _content(content: Any, param: str) -> str:
+    """Text content: a string or a list of text parts (joined with newlines)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _invalid(f"{param} must be a string or a list of content parts", param)
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise _invalid(f"{param}[{i}] must be an object", f"{param}[{i}]")
+        kind = part.get("type")
+        if kind != "text":
+            raise _unsupported(f"{param}[{i}]: content part type '{kind}' is not supported", f"{param}[{i}].type")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _invalid(f"{param}[{i}].text must be a string", f"{param}[{i}].text")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise _invalid(f"{param} must be a list", param)
+    out = []
+    for i, call in enumerate(calls):
+        where = f"{param}[{i}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            raise _invalid(f"{where} must be a function tool call", where)
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _invalid(f"{where}.function must name the function", f"{where}.function")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            # OpenAI sends arguments as a JSON string; templates index into them.
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise _invalid(f"{where}.function.arguments is not valid JSON: {exc}",
+                               f"{where}.function.arguments") from None
+        if not isinstance(arguments, dict):
+            raise _invalid(f"{where}.function.arguments must be a JSON object", f"{where}.function.arguments")
+        entry: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        if call.get("id") is not None:
+            entry["id"] = str(call["id"])
+        out.append(entry)
+    return out
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _invalid("'tools' must be a list", "tools")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise _unsupported(f"tools[{i}]: only function tools are supported", f"tools[{i}]")
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _invalid(f"tools[{i}].function must name the function", f"tools[{i}].function")
+    return tools or None
