@@ -1,0 +1,189 @@
+"""GGUF -> Hugging Face checkpoint directory.
+
+Writes config.json, model.safetensors (dequantized), tokenizer.json,
+tokenizer_config.json (with the chat template) and generation_config.json, so
+a GGUF file exports through the same path as any checkpoint directory.
+
+llama.cpp's converter permutes the rows of q/k projections of llama-family
+models (it stores RoPE pairs interleaved, (x0, x1), (x2, x3), ...); Hugging
+Face's rotate-half convention pairs x_i with x_{i+D/2}. ``_unpermute`` is the
+inverse of that reordering. Qwen2/Qwen3 GGUFs are stored unpermuted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import FrontendError
+
+Progress = Callable[[str], None]
+
+# GGUF general.architecture -> (HF architecture, HF model_type, metadata prefix)
+_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation for one projection [n_head*D, in]."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name.startswith("blk."):
+        _, idx, rest = gguf_name.split(".", 2)
+        if rest in _LAYER_NAMES:
+            return f"model.layers.{idx}.{_LAYER_NAMES[rest]}"
+    return None
+
+
+def _hf_config(reader, arch: str, tensor_names: set[str], tokenizer) -> dict:
+    hf_arch, model_type = _ARCHITECTURES[arch]
+
+    def meta(key, default=None):
+        return _field(reader, f"{arch}.{key}", default)
+
+    heads = int(meta("attention.head_count"))
+    hidden = int(meta("embedding_length"))
+    vocab = int(meta("vocab_size", 0)) or len(reader.fields["tokenizer.ggml.tokens"].data)
+    key_length = meta("attention.key_length")
+    config = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_hidden_layers": int(meta("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta("attention.head_count_kv", heads)),
+        "head_dim": int(key_length) if key_length else hidden // heads,
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(meta("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(meta("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    if tokenizer.bos_token_id is not None:
+        config["bos_token_id"] = tokenizer.bos_token_id
+    if tokenizer.eos_token_ids:
+        config["eos_token_id"] = tokenizer.eos_token_ids[0]
+    if "rope_freqs.weight" in tensor_names:
+        raise FrontendError("GGUF rope_freqs (Llama 3.1 rope scaling) import is not supported; "
+                            "export the Hugging Face checkpoint directory instead")
+    return config
+
+
+def import_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None) -> Path:
+    """Convert ``gguf_path`` into a Hugging Face checkpoint directory at ``out_dir``.
+
+    Written to a temporary sibling and renamed into place, so a failure leaves nothing.
+    """
+    import gguf
+    from safetensors.numpy import save_file
+
+    from .gguf_tokenizer import convert_gguf_tokenizer
+
+    progress = progress or (lambda message: None)
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as exc:  # gguf raises ValueError/struct errors on bad files
+        raise FrontendError(f"{gguf_path} is not a readable GGUF file: {exc}") from None
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise FrontendError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}")
+    tensor_names = {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+            raise FrontendError(
+                f"unsupported GGUF tensor type {t.tensor_type.name} for {t.name}; "
+                f"supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")
+    tokenizer = convert_gguf_tokenizer(reader)
+    config = _hf_config(reader, arch, tensor_names, tokenizer)
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+
+    tensors: dict[str, np.ndarray] = {}
+    total = len(reader.tensors)
+    for n, t in enumerate(reader.tensors, 1):
+        name = _hf_name(t.name)
+        if name is None:
+            raise FrontendError(f"GGUF tensor {t.name} has no Hugging Face counterpart for {arch}")
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        if t.tensor_type.name == "F16":
+            w = w.astype(np.float16)
+        else:
+            w = w.astype(np.float32)
+        if arch == "llama" and t.name.endswith("attn_q.weight"):
+            w = _unpermute(w, heads)
+        elif arch == "llama" and t.name.endswith("attn_k.weight"):
+            w = _unpermute(w, kv_heads)
+        tensors[name] = np.ascontiguousarray(w)
+        if n % 50 == 0 or n == total:
+            progress(f"dequantized {n}/{total} tensors")
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (staging / "tokenizer.json").write_text(json.dumps(tokenizer.tokenizer_json, ensure_ascii=False))
+        (staging / "tokenizer_config.json").write_text(
+            json.dumps(tokenizer.tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+        generation = {"eos_token_id": list(tokenizer.eos_token_ids)}
+        if tokenizer.bos_token_id is not None:
+            generation["bos_token_id"] = tokenizer.bos_token_id
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    progress(f"converted {gguf_path.name} to {out_dir}")
+    return out_dir

@@ -1,0 +1,57 @@
+"""The executor interface shared by the CPU and CUDA backends.
+
+An executor runs a prepared contract's graphs in submission order with at
+most two submissions in flight (the two-frame window):
+
+- ``can_submit()`` is true while a frame is free; ``next_fence`` is the fence
+  the next submission will carry (fences are a single monotonic timeline).
+- ``submit(graph_index, uploads)`` copies each ``(buffer, byte_offset, data)``
+  range into a free host frame, then (asynchronously) uploads the ranges and
+  runs the graph. Buffers not named keep their device contents.
+- ``poll(timeout)`` returns the next :class:`ExecutionCompletion` in fence order
+  once its outputs are back on the host, then frees that frame.
+- A failure poisons the executor: later submits raise, ``poll`` returns the
+  failure, ``close`` drains and reports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, Union
+
+import numpy as np
+
+Upload = tuple[str, int, Union[bytes, bytearray, memoryview]]
+
+
+@dataclass(frozen=True)
+class ExecutionCompletion:
+    """The host copy of one submission's outputs."""
+
+    fence: int
+    graph_index: int
+    records: np.ndarray  # int64 [S+1, RECORD_FIELDS]
+    logprobs: np.ndarray  # float32 [S+1, 1 + K]
+    top_ids: np.ndarray  # int64 [S+1, K]
+    duration_ns: int  # measured program duration (device time on CUDA)
+    error: BaseException | None = None
+
+
+class Executor(Protocol):
+    @property
+    def next_fence(self) -> int: ...
+
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def completed_fence(self) -> int:
+        """The highest fence whose completion has been returned by poll."""
+
+    def can_submit(self) -> bool: ...
+
+    def submit(self, graph_index: int, uploads: Sequence[Upload]) -> int: ...
+
+    def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None: ...
+
+    def close(self) -> None: ...

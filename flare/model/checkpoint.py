@@ -1,0 +1,149 @@
+"""Reading Hugging Face checkpoints into the runtime weight layout.
+
+The runtime layout fuses what the kernels read together: one ``qkv`` matrix
+``[(H + 2*Hkv) * D, hidden]`` (and bias), one ``gate_up`` matrix
+``[2 * I, hidden]``. Names (also used inside a core's weights file)::
+
+    embed, norm, lm_head (absent when tied)
+    layers.{i}.attn_norm, .qkv, .qkv_bias, .q_norm, .k_norm, .o,
+    layers.{i}.mlp_norm, .gate_up, .down
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from safetensors import safe_open
+
+from ..errors import FrontendError
+from .spec import ModelSpec
+
+Progress = Callable[[str], None]
+
+
+def read_config(path: Path) -> dict:
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise FrontendError(f"{path} is not a checkpoint directory: config.json is missing")
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FrontendError(f"{config_path} is not valid JSON: {exc}") from None
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / n for n in names]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FrontendError(f"{path} holds no *.safetensors weights")
+    for f in files:
+        if not f.is_file():
+            raise FrontendError(f"weights file {f.name} named by the index is missing from {path}")
+    return files
+
+
+class _TensorSource:
+    """Lazy access to every tensor of a (possibly sharded) safetensors checkpoint."""
+
+    def __init__(self, path: Path):
+        self._where: dict[str, Path] = {}
+        self._handles: dict[Path, object] = {}
+        for f in _weight_files(path):
+            try:
+                handle = safe_open(str(f), framework="pt")
+            except Exception as exc:  # safetensors raises its own error types
+                raise FrontendError(f"cannot read {f.name}: {exc}") from None
+            self._handles[f] = handle
+            for key in handle.keys():
+                self._where[key] = f
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        f = self._where.get(name)
+        if f is None:
+            raise FrontendError(f"checkpoint tensor {name!r} is missing")
+        return self._handles[f].get_tensor(name)
+
+
+def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(tensor.shape) != shape:
+        raise FrontendError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
+    return tensor
+
+
+def iter_runtime_weights(path: Path, spec: ModelSpec, dtype: torch.dtype,
+                         progress: Progress | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (runtime name, tensor) pairs in the runtime layout, cast to ``dtype``.
+
+    Streams layer by layer so peak memory stays near one layer beyond the output.
+    """
+    src = _TensorSource(Path(path))
+    h, d = spec.hidden_size, spec.head_dim
+    q, kv, inter = spec.q_size, spec.kv_size, spec.intermediate_size
+
+    def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return _check_shape(name, src.get(name), shape).to(dtype).contiguous()
+
+    yield "embed", get("model.embed_tokens.weight", (spec.vocab_size, h))
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        out = f"layers.{i}."
+        yield out + "attn_norm", get(p + "input_layernorm.weight", (h,))
+        yield out + "qkv", torch.cat([
+            get(p + "self_attn.q_proj.weight", (q, h)),
+            get(p + "self_attn.k_proj.weight", (kv, h)),
+            get(p + "self_attn.v_proj.weight", (kv, h)),
+        ])
+        if spec.qkv_bias:
+            yield out + "qkv_bias", torch.cat([
+                get(p + "self_attn.q_proj.bias", (q,)),
+                get(p + "self_attn.k_proj.bias", (kv,)),
+                get(p + "self_attn.v_proj.bias", (kv,)),
+            ])
+        if spec.qk_norm:
+            yield out + "q_norm", get(p + "self_attn.q_norm.weight", (d,))
+            yield out + "k_norm", get(p + "self_attn.k_norm.weight", (d,))
+        yield out + "o", get(p + "self_attn.o_proj.weight", (h, q))
+        yield out + "mlp_norm", get(p + "post_attention_layernorm.weight", (h,))
+        yield out + "gate_up", torch.cat([
+            get(p + "mlp.gate_proj.weight", (inter, h)),
+            get(p + "mlp.up_proj.weight", (inter, h)),
+        ])
+        yield out + "down", get(p + "mlp.down_proj.weight", (h, inter))
+        if progress and (i + 1) % max(1, spec.num_layers // 4) == 0:
+            progress(f"read layer {i + 1}/{spec.num_layers}")
+    yield "norm", get("model.norm.weight", (h,))
+    if not spec.tie_word_embeddings:
+        yield "lm_head", get("lm_head.weight", (spec.vocab_size, h))
+
+
+def runtime_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """The exact set of runtime tensors a core must contain, with shapes."""
+    h, d, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    qkv = spec.q_size + 2 * spec.kv_size
+    shapes: dict[str, tuple[int, ...]] = {"embed": (spec.vocab_size, h), "norm": (h,)}
+    if not spec.tie_word_embeddings:
+        shapes["lm_head"] = (spec.vocab_size, h)
+    for i in range(spec.num_layers):
+        p = f"layers.{i}."
+        shapes[p + "attn_norm"] = (h,)
+        shapes[p + "qkv"] = (qkv, h)
+        if spec.qkv_bias:
+            shapes[p + "qkv_bias"] = (qkv,)
+        if spec.qk_norm:
+            shapes[p + "q_norm"] = (d,)
+            shapes[p + "k_norm"] = (d,)
+        shapes[p + "o"] = (h, spec.q_size)
+        shapes[p + "mlp_norm"] = (h,)
+        shapes[p + "gate_up"] = (2 * inter, h)
+        shapes[p + "down"] = (h, inter)
+    return shapes

@@ -1,0 +1,196 @@
+"""PreparedContract: the typed handoff between the host runtime and step programs.
+
+A contract fixes, for one loaded core, every device-resident buffer (name, shape,
+dtype, role) and every graph (kind and capacities). The host packs inputs into
+host mirrors of the ``step.*`` and ``slot.*`` buffers and uploads only the byte
+ranges it changed; programs read and write the device copies. Omitted ranges
+keep their device contents, so back-to-back decode steps upload nothing.
+
+Buffer roles:
+- ``slot``: per-physical-slot state rows, row 0 is padding (S+1 rows)
+- ``step``: per-submission inputs, indexed by batch row (B_max rows)
+- ``out``: completion outputs [frame, slot, ...], copied back per step
+
+Completion records (``out.records``, int64 [2, S+1, RECORD_FIELDS]) hold 16
+metadata fields (``REC_*``) followed by ``RECORD_TOKENS`` token fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from ..config import PAGE_TOKENS
+from ..request import MAX_TOP_LOGPROBS
+from .sampling import SAMPLING_COLUMNS
+
+RECORD_META = 16
+RECORD_TOKENS = 8
+RECORD_FIELDS = RECORD_META + RECORD_TOKENS
+
+# Metadata fields of a completion record.
+REC_SLOT = 0  # physical slot (0 for padding rows)
+REC_GENERATION = 1  # the slot's generation when the program ran
+REC_CONSUMED = 2  # cumulative tokens whose KV is written (the slot's position)
+REC_GENERATED = 3  # cumulative sampled tokens
+REC_NEW_TOKENS = 4  # tokens sampled by this program (0 or 1; more for speculative kinds)
+REC_KIND = 5  # GraphKind of the program
+REC_FLAGS = 6  # REC_FLAG_* bits
+REC_TOKEN0 = RECORD_META  # first sampled token
+
+REC_FLAG_PARTICIPATED = 1  # the slot took part in this program
+REC_FLAG_SAMPLED = 2  # a token was sampled
+
+
+class GraphKind(IntEnum):
+    """Step program kinds; values appear in completion records and metrics."""
+
+    INITIALIZE = 1  # reset a slot's penalty state, mark prompt tokens
+    PREFILL = 2  # consume up to t prompt tokens per row, optionally sample
+    DECODE = 3  # consume each row's last sampled token, sample the next
+    SNAPSHOT = 4  # copy a slot's tail page + hidden state into a snapshot row
+    RESTORE = 5  # copy a snapshot row into a slot's private tail page
+    RESUME = 6  # sample from a slot's saved hidden state without replaying tokens
+    # reserved for later kinds: VISION, SCORED_PREFILL, SPECULATIVE, MIXED
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    index: int
+    kind: GraphKind
+    batch: int  # row capacity b
+    tokens: int = 1  # token capacity t per row (prefill), 1 otherwise
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind.name.lower()} b{self.batch} t{self.tokens}"
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name
+    role: str  # "slot" | "step" | "out"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // self.shape[0]
+
+
+def power_of_two_capacities(limit: int, start: int = 1) -> tuple[int, ...]:
+    """start, 2*start, ... up to the smallest power of two >= limit."""
+    caps = [start]
+    while caps[-1] < limit:
+        caps.append(caps[-1] * 2)
+    return tuple(caps)
+
+
+@dataclass(frozen=True)
+class PreparedContract:
+    """Everything the host and the step programs agree on for one loaded core."""
+
+    max_active: int  # S: physical request slots 1..S
+    context: int  # tokens per request (prompt + output)
+    prefill_chunk_size: int  # T_max
+    num_pages: int  # logical KV pages (physical page = logical + 1; 0 is scratch)
+    num_snapshot_rows: int
+    vocab_size: int
+    hidden_size: int
+    page_tokens: int = PAGE_TOKENS
+    top_logprobs: int = MAX_TOP_LOGPROBS
+    graphs: tuple[GraphSpec, ...] = field(default=())
+
+    @property
+    def max_pages_per_request(self) -> int:
+        return -(-self.context // self.page_tokens)
+
+    @property
+    def batch_capacities(self) -> tuple[int, ...]:
+        return power_of_two_capacities(self.max_active)
+
+    @property
+    def prefill_capacities(self) -> tuple[int, ...]:
+        return tuple(t for t in power_of_two_capacities(self.prefill_chunk_size, 64)
+                     if t <= self.prefill_chunk_size)
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch_capacities[-1]
+
+    @classmethod
+    def build(cls, *, max_active: int, context: int, prefill_chunk_size: int, num_pages: int,
+              num_snapshot_rows: int, vocab_size: int, hidden_size: int) -> "PreparedContract":
+        base = cls(max_active=max_active, context=context, prefill_chunk_size=prefill_chunk_size,
+                   num_pages=num_pages, num_snapshot_rows=num_snapshot_rows,
+                   vocab_size=vocab_size, hidden_size=hidden_size)
+        graphs: list[GraphSpec] = []
+
+        def add(kind: GraphKind, batch: int, tokens: int = 1) -> None:
+            graphs.append(GraphSpec(len(graphs), kind, batch, tokens))
+
+        for b in base.batch_capacities:
+            add(GraphKind.DECODE, b)
+        for t in base.prefill_capacities:
+            add(GraphKind.PREFILL, 1, t)
+        # INITIALIZE marks one request's prompt tokens (step.prompt), so it runs per request.
+        add(GraphKind.INITIALIZE, 1)
+        for kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.RESUME):
+            for b in base.batch_capacities:
+                add(kind, b)
+        return cls(**{**base.__dict__, "graphs": tuple(graphs)})
+
+    def graph(self, kind: GraphKind, batch: int, tokens: int = 1) -> GraphSpec:
+        for g in self.graphs:
+            if g.kind == kind and g.batch == batch and g.tokens == tokens:
+                return g
+        raise KeyError(f"no {kind.name} graph with b={batch} t={tokens}")
+
+    def smallest_batch(self, kind: GraphKind, rows: int) -> GraphSpec:
+        """The graph of ``kind`` with the smallest batch capacity >= rows."""
+        best = None
+        for g in self.graphs:
+            if g.kind == kind and g.batch >= rows and (best is None or g.batch < best.batch):
+                best = g
+        if best is None:
+            raise KeyError(f"no {kind.name} graph holds {rows} rows")
+        return best
+
+    def buffers(self) -> tuple[BufferSpec, ...]:
+        s1, bmax, tmax = self.max_active + 1, self.max_batch, self.prefill_chunk_size
+        return (
+            BufferSpec("slot.generation", (s1,), "int64", "slot"),
+            BufferSpec("slot.token", (s1,), "int64", "slot"),
+            BufferSpec("slot.position", (s1,), "int64", "slot"),
+            BufferSpec("slot.generated", (s1,), "int64", "slot"),
+            BufferSpec("slot.seed", (s1,), "int64", "slot"),
+            BufferSpec("slot.sampling", (s1, SAMPLING_COLUMNS), "float32", "slot"),
+            BufferSpec("slot.page_table", (s1, self.max_pages_per_request), "int64", "slot"),
+            BufferSpec("step.slots", (bmax,), "int64", "step"),
+            BufferSpec("step.tokens", (bmax, tmax), "int64", "step"),
+            BufferSpec("step.num_tokens", (bmax,), "int64", "step"),
+            BufferSpec("step.sample", (bmax,), "int64", "step"),
+            BufferSpec("step.snapshot_rows", (bmax,), "int64", "step"),
+            BufferSpec("step.prompt", (self.context,), "int64", "step"),
+            BufferSpec("step.prompt_len", (1,), "int64", "step"),
+            BufferSpec("step.frame", (1,), "int64", "step"),
+            # NOTE: outputs are double-buffered by step.frame: the copy of frame k's
+            # records runs on the copy stream while the next program writes frame k^1.
+            BufferSpec("out.records", (2, s1, RECORD_FIELDS), "int64", "out"),
+            BufferSpec("out.logprobs", (2, s1, 1 + self.top_logprobs), "float32", "out"),
+            BufferSpec("out.top_ids", (2, s1, self.top_logprobs), "int64", "out"),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "max_active": self.max_active, "context": self.context,
+            "prefill_chunk_size": self.prefill_chunk_size, "num_pages": self.num_pages,
+            "num_snapshot_rows": self.num_snapshot_rows, "page_tokens": self.page_tokens,
+            "graphs": [g.label for g in self.graphs],
+        }

@@ -1,0 +1,81 @@
+"""The decoder forward pass over the paged KV cache.
+
+One class serves Llama, Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm). Weights are in
+the runtime layout of :mod:`flare.model.checkpoint`. ``forward`` has static
+shapes for a given (B, Q, Pmax) and no data-dependent Python control flow, so it
+runs eagerly on the CPU and is captured into CUDA graphs unchanged; only the
+attention function is swapped for a kernel on the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from .attention import AttentionBatch, KVCache, paged_attention_reference, write_kv
+from .layers import apply_rope, rms_norm, rope_table, silu_mul
+from .spec import ModelSpec
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionBatch, float], torch.Tensor]
+
+
+class Decoder:
+    """Weights plus the forward pass. Holds no per-request state."""
+
+    def __init__(self, spec: ModelSpec, weights: Mapping[str, torch.Tensor], *,
+                 max_positions: int, attention: AttentionFn = paged_attention_reference):
+        self.spec = spec
+        self.w = dict(weights)
+        self.device = self.w["embed"].device
+        self.dtype = self.w["embed"].dtype
+        self.lm_head = self.w.get("lm_head", self.w["embed"])
+        cos, sin = rope_table(spec, max_positions, self.device)
+        self.rope_cos, self.rope_sin = cos, sin
+        self.attention = attention
+        self.scale = spec.head_dim ** -0.5
+        self.layers = [self._layer_weights(i) for i in range(spec.num_layers)]
+
+    def _layer_weights(self, i: int) -> dict[str, torch.Tensor | None]:
+        p = f"layers.{i}."
+        return {name: self.w.get(p + name) for name in
+                ("attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "mlp_norm", "gate_up", "down")}
+
+    def forward(self, tokens: torch.Tensor, batch: AttentionBatch, kv: KVCache,
+                sample_index: torch.Tensor) -> torch.Tensor:
+        """Run the decoder; returns the final-normed hidden state of each row's sampled token.
+
+        tokens: [B, Q] int64; sample_index: [B] int64 (query index per row). -> [B, hidden]
+        """
+        spec = self.spec
+        b, nq = tokens.shape
+        h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        x = F.embedding(tokens, self.w["embed"])  # [B, Q, hidden]
+        cos = self.rope_cos[batch.positions]  # [B, Q, D]
+        sin = self.rope_sin[batch.positions]
+        for i, lw in enumerate(self.layers):
+            residual = x
+            y = rms_norm(x, lw["attn_norm"], spec.rms_norm_eps)
+            qkv = F.linear(y, lw["qkv"], lw["qkv_bias"])
+            q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+            q = q.reshape(b, nq, h, d)
+            k = k.reshape(b, nq, hkv, d)
+            v = v.reshape(b, nq, hkv, d)
+            if spec.qk_norm:
+                q = rms_norm(q, lw["q_norm"], spec.rms_norm_eps)
+                k = rms_norm(k, lw["k_norm"], spec.rms_norm_eps)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            write_kv(kv.k[i], kv.v[i], k, v, batch.write_index)
+            attn = self.attention(q, kv.k[i], kv.v[i], batch, self.scale)
+            x = residual + F.linear(attn.reshape(b, nq, h * d), lw["o"])
+            residual = x
+            y = rms_norm(x, lw["mlp_norm"], spec.rms_norm_eps)
+            x = residual + F.linear(silu_mul(F.linear(y, lw["gate_up"])), lw["down"])
+        last = x[torch.arange(b, device=x.device), sample_index]  # [B, hidden]
+        return rms_norm(last, self.w["norm"], spec.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, hidden] -> float32 logits [B, V]."""
+        return F.linear(hidden, self.lm_head).float()

@@ -1,0 +1,132 @@
+"""Inputs: host mirrors of the contract's input buffers and the uploads they need.
+
+Every write goes through a host mirror of the device buffer and records the
+byte range that changed; ``take()`` hands those ranges to the executor with the
+next submission. Writes that leave the mirror unchanged upload nothing, so a
+decode step that repeats the previous cohort uploads no bytes at all, and a
+growing request uploads only its newly assigned page-table entries.
+
+NOTE: the mirror equals the device contents only because every upload is made
+through one Inputs object, in submission order, and only for buffers programs
+never write. Programs advance slot.position/generated/token on the device, so
+writes to those are always uploaded.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..execution.base import Upload
+from .contract import PreparedContract
+from .sampling import (
+    SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_MIN_P, SAMPLING_PRESENCE, SAMPLING_REPETITION,
+    SAMPLING_TEMPERATURE, SAMPLING_TOP_K, SAMPLING_TOP_P,
+)
+
+
+def sampling_row(params) -> np.ndarray:
+    """The float32 sampling-parameter row for a :class:`flare.request.SamplingParams`."""
+    row = np.zeros(SAMPLING_COLUMNS, dtype=np.float32)
+    row[SAMPLING_TEMPERATURE] = params.temperature
+    row[SAMPLING_TOP_P] = params.top_p
+    row[SAMPLING_TOP_K] = params.top_k
+    row[SAMPLING_MIN_P] = params.min_p
+    row[SAMPLING_PRESENCE] = params.presence_penalty
+    row[SAMPLING_FREQUENCY] = params.frequency_penalty
+    row[SAMPLING_REPETITION] = params.repetition_penalty
+    return row
+
+
+# Slot buffers the step programs advance on the device: the mirror is stale for them.
+DEVICE_WRITTEN = frozenset({"slot.position", "slot.generated", "slot.token"})
+
+
+class Inputs:
+    """Packs admission, state and forward inputs into uploads."""
+
+    def __init__(self, contract: PreparedContract):
+        self.contract = contract
+        self.mirror: dict[str, np.ndarray] = {
+            b.name: np.zeros(b.shape, dtype=b.dtype) for b in contract.buffers() if b.role in ("slot", "step")
+        }
+        self._uploads: list[Upload] = []
+        self.uploaded_bytes = 0  # lifetime total, for tests and metrics
+
+    def _write(self, name: str, index: tuple | int | slice, values) -> None:
+        """Assign mirror[name][index] = values; queue the changed contiguous byte range."""
+        array = self.mirror[name]
+        new = np.asarray(values, dtype=array.dtype)
+        if name not in DEVICE_WRITTEN and np.array_equal(np.broadcast_to(new, np.shape(array[index])), array[index]):
+            return
+        array[index] = new
+        # the written region is a contiguous run of the flattened buffer
+        flat_start, flat_stop = _flat_extent(array, index)
+        item = array.itemsize
+        data = array.reshape(-1)[flat_start:flat_stop].tobytes()
+        self._uploads.append((name, flat_start * item, data))
+        self.uploaded_bytes += len(data)
+
+    def take(self) -> list[Upload]:
+        uploads, self._uploads = self._uploads, []
+        return uploads
+
+    # -- slot state ------------------------------------------------------------
+
+    def admit_slot(self, slot: int, *, generation: int, position: int, seed: int, params) -> None:
+        """Install a new request's state row (position = reused prefix length)."""
+        self._write("slot.generation", slot, generation)
+        self._write("slot.position", slot, position)
+        self._write("slot.generated", slot, 0)
+        self._write("slot.seed", slot, seed)
+        self._write("slot.sampling", slot, sampling_row(params))
+
+    def set_pages(self, slot: int, first: int, logical_pages: Sequence[int]) -> None:
+        """Assign logical pages to page-table entries first, first+1, ... of a slot."""
+        if len(logical_pages):
+            physical = np.asarray(logical_pages, dtype=np.int64) + 1
+            self._write("slot.page_table", (slot, slice(first, first + len(physical))), physical)
+
+    # -- step inputs -----------------------------------------------------------
+
+    def set_rows(self, slots: Sequence[int], capacity: int) -> None:
+        """step.slots[:capacity] = slots padded with slot 0."""
+        row = np.zeros(capacity, dtype=np.int64)
+        row[:len(slots)] = slots
+        self._write("step.slots", slice(0, capacity), row)
+
+    def set_prefill_row(self, row: int, tokens: np.ndarray, sample: bool) -> None:
+        n = len(tokens)
+        self._write("step.tokens", (row, slice(0, n)), tokens)
+        self._write("step.num_tokens", row, n)
+        self._write("step.sample", row, int(sample))
+
+    def set_snapshot_rows(self, rows: Sequence[int], capacity: int) -> None:
+        """Logical snapshot IDs -> physical rows (id + 1); padding uses scratch row 0."""
+        row = np.zeros(capacity, dtype=np.int64)
+        row[:len(rows)] = np.asarray(rows, dtype=np.int64) + 1
+        self._write("step.snapshot_rows", slice(0, capacity), row)
+
+    def set_prompt(self, tokens: np.ndarray | None) -> None:
+        """Prompt tokens whose repetition penalty the INITIALIZE program marks (None: none)."""
+        n = 0 if tokens is None else len(tokens)
+        if n:
+            self._write("step.prompt", slice(0, n), tokens)
+        self._write("step.prompt_len", 0, n)
+
+
+def _flat_extent(array: np.ndarray, index) -> tuple[int, int]:
+    """[start, stop) of an index's region in the flattened C-contiguous array.
+
+    Supports the forms Inputs uses: ``i``, ``slice(a, b)`` and ``(i, slice(a, b))``.
+    """
+    row = array.size // array.shape[0] if array.ndim else 1
+    if isinstance(index, tuple):
+        i, cols = index
+        start, stop, _ = cols.indices(row)
+        return i * row + start, i * row + stop
+    if isinstance(index, slice):
+        start, stop, _ = index.indices(array.shape[0])
+        return start * row, stop * row
+    return index * row, (index + 1) * row

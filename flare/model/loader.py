@@ -1,0 +1,110 @@
+"""Loading a core onto a device: weights, KV page pool sizing, step programs.
+
+The number of KV pages comes from a memory budget, never from
+max_active x context: on the CPU a fixed budget (1 GiB unless configured), on a
+GPU a fraction of the memory left after weights. Prefix-cache snapshot rows
+(one page per layer plus a hidden state each) come out of the same budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file
+
+from ..config import EngineConfig
+from ..core.format import Core
+from ..errors import ExecutionError, FrontendError
+from ..model.checkpoint import runtime_weight_shapes
+from .attention import KVCache
+from .contract import PreparedContract
+from .decoder import Decoder
+from .programs import StepPrograms
+
+Progress = Callable[[str], None]
+
+CPU_KV_BUDGET = 1 << 30
+
+
+@dataclass
+class LoadedModel:
+    core: Core
+    decoder: Decoder
+    contract: PreparedContract
+    programs: StepPrograms
+    device: torch.device
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ExecutionError(f"device {name} requested but CUDA is not available")
+    return device
+
+
+def load_weights(core: Core, device: torch.device, progress: Progress | None = None) -> dict[str, torch.Tensor]:
+    expected = runtime_weight_shapes(core.recipe)
+    weights: dict[str, torch.Tensor] = {}
+    for path in core.weight_files:
+        if progress:
+            progress(f"loading {path.name}")
+        for name, tensor in load_file(str(path), device=str(device)).items():
+            weights[name] = tensor
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise FrontendError(f"core weights lack {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise FrontendError(f"core weight {name} has shape {tuple(weights[name].shape)}, expected {shape}")
+    return weights
+
+
+def plan_kv(core: Core, config: EngineConfig, device: torch.device, max_active: int) -> tuple[int, int]:
+    """(num_pages, num_snapshot_rows) from the memory budget."""
+    spec = core.recipe
+    dtype = getattr(torch, core.dtype)
+    page_bytes = KVCache.bytes_per_page(spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype)
+    if config.kv_memory_bytes:
+        budget = config.kv_memory_bytes
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(free * config.kv_memory_fraction)
+    else:
+        budget = CPU_KV_BUDGET
+    rows = config.num_snapshot_rows or max(8, 4 * max_active)
+    row_bytes = page_bytes + spec.hidden_size * dtype.itemsize
+    pages = (budget - rows * row_bytes) // page_bytes - 1  # page 0 is scratch
+    need = -(-core.contract.context // core.contract.page_tokens)
+    if pages < need:
+        raise ExecutionError(
+            f"the KV budget of {budget / 2**20:.0f} MiB holds {max(pages, 0)} pages of {page_bytes / 2**20:.2f} MiB "
+            f"but one {core.contract.context}-token request needs {need}; raise the KV memory budget")
+    return int(pages), int(rows)
+
+
+def load_model(core: Core, config: EngineConfig = EngineConfig(), progress: Progress | None = None) -> LoadedModel:
+    device = resolve_device(config.device)
+    max_active = config.max_active or core.contract.max_active
+    if not 1 <= max_active <= core.contract.max_active:
+        raise ExecutionError(f"max_active {max_active} must be between 1 and the core's {core.contract.max_active}")
+    weights = load_weights(core, device, progress)
+    decoder = Decoder(core.recipe, weights, max_positions=core.contract.context)
+    num_pages, rows = plan_kv(core, config, device, max_active)
+    contract = PreparedContract.build(
+        max_active=max_active, context=core.contract.context,
+        prefill_chunk_size=core.contract.prefill_chunk_size, num_pages=num_pages,
+        num_snapshot_rows=rows, vocab_size=core.recipe.vocab_size, hidden_size=core.recipe.hidden_size,
+    )
+    if progress:
+        progress(f"KV cache: {num_pages} pages of {contract.page_tokens} tokens, {rows} snapshot rows")
+    programs = StepPrograms(decoder, contract, bucket_pages=device.type == "cpu")
+    return LoadedModel(core=core, decoder=decoder, contract=contract, programs=programs, device=device)
+
+
+def checkpoint_path(path: str | Path) -> Path:
+    return Path(path).expanduser().resolve()

@@ -1,0 +1,243 @@
+"""Step programs: the bodies of the graphs a contract declares.
+
+:class:`StepPrograms` owns every device-resident tensor of a loaded model (the
+contract's buffers, the KV page pool, snapshot rows, per-slot hidden states and
+penalty counts) and runs one program per graph. Programs read their inputs
+from ``step.*`` and ``slot.*`` buffers and write ``slot.*`` state and
+``out.*[frame]`` completions, so they can be captured as CUDA graphs and
+replayed with nothing but byte-range uploads in between.
+
+Physical conventions: KV page 0 and snapshot row 0 are scratch (logical ID i
+lives at physical i + 1); slot 0 is the padding slot. Padding rows of a batch
+read and write only those scratch locations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .attention import AttentionBatch, KVCache
+from .contract import (
+    REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION,
+    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract,
+)
+from .decoder import Decoder
+from .sampling import apply_penalties, philox_uniform, sample
+
+_TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "int32": torch.int32}
+
+
+class StepPrograms:
+    """Device state plus the program for every graph kind."""
+
+    def __init__(self, decoder: Decoder, contract: PreparedContract, *, kv_dtype: torch.dtype | None = None,
+                 bucket_pages: bool = False):
+        spec = decoder.spec
+        self.decoder = decoder
+        self.contract = contract
+        self.device = decoder.device
+        self.dtype = decoder.dtype
+        kv_dtype = kv_dtype or decoder.dtype
+        # On the CPU, attention gathers only the pages a step can touch (rounded up to a
+        # power of two); captured graphs use the full page table and a kernel instead.
+        self.bucket_pages = bucket_pages
+        self.buffers: dict[str, torch.Tensor] = {
+            b.name: torch.zeros(b.shape, dtype=_TORCH_DTYPES[b.dtype], device=self.device)
+            for b in contract.buffers()
+        }
+        s1, rows = contract.max_active + 1, contract.num_snapshot_rows + 1
+        self.kv = KVCache.allocate(spec.num_layers, contract.num_pages + 1, spec.num_kv_heads,
+                                   spec.head_dim, kv_dtype, self.device)
+        page_shape = (rows, spec.num_layers, contract.page_tokens, spec.num_kv_heads, spec.head_dim)
+        self.snap_k = torch.zeros(page_shape, dtype=kv_dtype, device=self.device)
+        self.snap_v = torch.zeros(page_shape, dtype=kv_dtype, device=self.device)
+        self.snap_hidden = torch.zeros(rows, spec.hidden_size, dtype=self.dtype, device=self.device)
+        self.snap_length = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        self.hidden = torch.zeros(s1, spec.hidden_size, dtype=self.dtype, device=self.device)
+        self.output_counts = torch.zeros(s1, spec.vocab_size, dtype=torch.int32, device=self.device)
+        self.prompt_counts = torch.zeros(s1, spec.vocab_size, dtype=torch.int32, device=self.device)
+        self._runners = {
+            GraphKind.INITIALIZE: self._initialize,
+            GraphKind.PREFILL: self._prefill,
+            GraphKind.DECODE: self._decode,
+            GraphKind.SNAPSHOT: self._snapshot,
+            GraphKind.RESTORE: self._restore,
+            GraphKind.RESUME: self._resume,
+        }
+
+    def run(self, graph: GraphSpec) -> None:
+        """Execute one graph's program against the current device buffers."""
+        with torch.inference_mode():
+            self._runners[graph.kind](graph)
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _step(self, name: str, b: int) -> torch.Tensor:
+        return self.buffers[name][:b]
+
+    def _page_table(self, slots: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+        table = self.buffers["slot.page_table"][slots]
+        if not self.bucket_pages:
+            return table
+        needed = max(1, -(-int(kv_lens.max()) // self.contract.page_tokens))
+        width = 1 << (needed - 1).bit_length()
+        return table[:, :min(width, table.shape[1])]
+
+    def _record(self, slots: torch.Tensor, kind: GraphKind, sampled: torch.Tensor | None) -> None:
+        buf = self.buffers
+        b = slots.shape[0]
+        rec = torch.zeros(b, RECORD_FIELDS, dtype=torch.int64, device=self.device)
+        rec[:, REC_SLOT] = slots
+        rec[:, REC_GENERATION] = buf["slot.generation"][slots]
+        rec[:, REC_CONSUMED] = buf["slot.position"][slots]
+        rec[:, REC_GENERATED] = buf["slot.generated"][slots]
+        rec[:, REC_KIND] = int(kind)
+        if sampled is None:
+            rec[:, REC_FLAGS] = REC_FLAG_PARTICIPATED
+        else:
+            rec[:, REC_NEW_TOKENS] = sampled.to(torch.int64)
+            rec[:, REC_FLAGS] = REC_FLAG_PARTICIPATED + REC_FLAG_SAMPLED * sampled.to(torch.int64)
+            rec[:, REC_TOKEN0] = buf["slot.token"][slots]
+        frame = buf["step.frame"]
+        records = buf["out.records"].index_select(0, frame).squeeze(0)
+        records.index_copy_(0, slots, rec)
+        buf["out.records"].index_copy_(0, frame, records.unsqueeze(0))
+
+    def _sample_rows(self, slots: torch.Tensor, hidden: torch.Tensor, do_sample: torch.Tensor,
+                     kind: GraphKind) -> None:
+        """Sample for rows where do_sample, update slot state, write logprobs and records."""
+        buf = self.buffers
+        logits = self.decoder.logits(hidden)  # [b, V] float32
+        params = buf["slot.sampling"][slots]
+        out_counts = self.output_counts[slots]
+        seen_prompt = self.prompt_counts[slots] > 0
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        penalized = apply_penalties(logits, params, out_counts, seen_prompt)
+        uniform = philox_uniform(buf["slot.seed"][slots], buf["slot.generated"][slots])
+        token = sample(penalized, params, uniform)
+        token = torch.where(do_sample, token, buf["slot.token"][slots])
+        buf["slot.token"].index_copy_(0, slots, token)
+        buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + do_sample.to(torch.int64))
+        self.output_counts.index_put_((slots, token), do_sample.to(torch.int32), accumulate=True)
+        k = self.contract.top_logprobs
+        top = raw_logprobs.topk(k, dim=-1)
+        frame = buf["step.frame"]
+        logprobs = buf["out.logprobs"].index_select(0, frame).squeeze(0)
+        logprobs.index_copy_(0, slots, torch.cat([raw_logprobs.gather(1, token.view(-1, 1)), top.values], dim=1))
+        buf["out.logprobs"].index_copy_(0, frame, logprobs.unsqueeze(0))
+        top_ids = buf["out.top_ids"].index_select(0, frame).squeeze(0)
+        top_ids.index_copy_(0, slots, top.indices)
+        buf["out.top_ids"].index_copy_(0, frame, top_ids.unsqueeze(0))
+        self._record(slots, kind, do_sample)
+
+    def _positions(self, pos0: torch.Tensor, t: int) -> torch.Tensor:
+        q = torch.arange(t, device=self.device)
+        return pos0.view(-1, 1) + q.view(1, -1)
+
+    def _write_index(self, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        p = self.contract.page_tokens
+        table = self.buffers["slot.page_table"][slots]
+        page_idx = (positions // p).clamp(max=table.shape[1] - 1)
+        phys = table.gather(1, page_idx)
+        scratch = torch.arange(positions.shape[1], device=self.device).view(1, -1) % p
+        return torch.where(valid, phys * p + positions % p, scratch)
+
+    # -- programs --------------------------------------------------------------
+
+    def _initialize(self, graph: GraphSpec) -> None:
+        buf = self.buffers
+        slots = self._step("step.slots", graph.batch)
+        self.output_counts.index_fill_(0, slots, 0)
+        self.prompt_counts.index_fill_(0, slots, 0)
+        prompt = buf["step.prompt"].clamp(0, self.decoder.spec.vocab_size - 1)
+        valid = torch.arange(prompt.shape[0], device=self.device) < buf["step.prompt_len"]
+        row = slots[:1].expand_as(prompt)
+        self.prompt_counts.index_put_((row, prompt), valid.to(torch.int32), accumulate=True)
+        self._record(slots, GraphKind.INITIALIZE, None)
+
+    def _prefill(self, graph: GraphSpec) -> None:
+        buf = self.buffers
+        b, t = graph.batch, graph.tokens
+        slots = self._step("step.slots", b)
+        tokens = buf["step.tokens"][:b, :t]
+        n = self._step("step.num_tokens", b)
+        pos0 = buf["slot.position"][slots]
+        positions = self._positions(pos0, t)
+        valid = torch.arange(t, device=self.device).view(1, -1) < n.view(-1, 1)
+        kv_lens = pos0 + n
+        batch = AttentionBatch(
+            positions=positions.clamp(max=self.contract.context - 1),
+            write_index=self._write_index(slots, positions, valid),
+            page_table=self._page_table(slots, kv_lens),
+            kv_lens=kv_lens,
+        )
+        hidden = self.decoder.forward(tokens, batch, self.kv, (n - 1).clamp(min=0))
+        self.hidden.index_copy_(0, slots, hidden)
+        buf["slot.position"].index_copy_(0, slots, kv_lens)
+        self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL)
+
+    def _decode(self, graph: GraphSpec) -> None:
+        buf = self.buffers
+        b = graph.batch
+        slots = self._step("step.slots", b)
+        tokens = buf["slot.token"][slots].view(b, 1)
+        pos0 = buf["slot.position"][slots]
+        positions = pos0.view(b, 1)
+        valid = torch.ones(b, 1, dtype=torch.bool, device=self.device)
+        kv_lens = pos0 + 1
+        batch = AttentionBatch(
+            positions=positions.clamp(max=self.contract.context - 1),
+            write_index=self._write_index(slots, positions, valid),
+            page_table=self._page_table(slots, kv_lens),
+            kv_lens=kv_lens,
+        )
+        hidden = self.decoder.forward(tokens, batch, self.kv, torch.zeros(b, dtype=torch.int64, device=self.device))
+        self.hidden.index_copy_(0, slots, hidden)
+        buf["slot.position"].index_copy_(0, slots, kv_lens)
+        self._sample_rows(slots, hidden, torch.ones(b, dtype=torch.bool, device=self.device), GraphKind.DECODE)
+
+    def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        table = self.buffers["slot.page_table"][slots]
+        idx = (lengths // self.contract.page_tokens).clamp(max=table.shape[1] - 1)
+        return table.gather(1, idx.view(-1, 1)).view(-1)
+
+    def _snapshot(self, graph: GraphSpec) -> None:
+        buf = self.buffers
+        slots = self._step("step.slots", graph.batch)
+        rows = self._step("step.snapshot_rows", graph.batch)
+        lengths = buf["slot.position"][slots]
+        tail = self._tail_pages(slots, lengths)
+        for layer in range(len(self.kv.k)):
+            self.snap_k[:, layer].index_copy_(0, rows, self.kv.k[layer][tail])
+            self.snap_v[:, layer].index_copy_(0, rows, self.kv.v[layer][tail])
+        self.snap_hidden.index_copy_(0, rows, self.hidden[slots])
+        self.snap_length.index_copy_(0, rows, lengths)
+        self._record(slots, GraphKind.SNAPSHOT, None)
+
+    def _restore(self, graph: GraphSpec) -> None:
+        buf = self.buffers
+        slots = self._step("step.slots", graph.batch)
+        rows = self._step("step.snapshot_rows", graph.batch)
+        lengths = self.snap_length[rows]
+        tail = self._tail_pages(slots, lengths)
+        for layer in range(len(self.kv.k)):
+            self.kv.k[layer].index_copy_(0, tail, self.snap_k[rows, layer])
+            self.kv.v[layer].index_copy_(0, tail, self.snap_v[rows, layer])
+        buf["slot.position"].index_copy_(0, slots, lengths)
+        self.hidden.index_copy_(0, slots, self.snap_hidden[rows])
+        self._record(slots, GraphKind.RESTORE, None)
+
+    def _resume(self, graph: GraphSpec) -> None:
+        slots = self._step("step.slots", graph.batch)
+        ones = torch.ones(graph.batch, dtype=torch.bool, device=self.device)
+        self._sample_rows(slots, self.hidden[slots], ones, GraphKind.RESUME)
+
+    # -- host access (CPU executor, tests) -------------------------------------
+
+    def host_view(self, name: str) -> np.ndarray:
+        """A writable NumPy view of a CPU buffer (CPU executor uploads go through it)."""
+        tensor = self.buffers[name]
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{name} is not host-visible on {tensor.device}")
+        return tensor.numpy()

@@ -1,0 +1,120 @@
+"""Token sampling with explicit per-row RNG state, inside the step program.
+
+No torch generator is used: each row draws one uniform from Philox4x32-10
+keyed by the request seed and counted by the request's generated-token count,
+so a captured graph replays deterministically and a seeded request samples the
+same tokens whatever batch it lands in. The sampler filters (penalties,
+temperature, top-k, top-p, min-p) and inverts the CDF of the remaining
+distribution at that uniform.
+
+Sampling parameters live in a float32 row per slot, columns ``SAMPLING_*``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Columns of the per-slot float32 sampling-parameter row.
+SAMPLING_TEMPERATURE = 0  # <= 0 means greedy
+SAMPLING_TOP_P = 1
+SAMPLING_TOP_K = 2  # 0 disables
+SAMPLING_MIN_P = 3
+SAMPLING_PRESENCE = 4
+SAMPLING_FREQUENCY = 5
+SAMPLING_REPETITION = 6  # 1 disables
+SAMPLING_COLUMNS = 8
+
+_PHILOX_M0 = 0xD2511F53
+_PHILOX_M1 = 0xCD9E8D57
+_PHILOX_W0 = 0x9E3779B9
+_PHILOX_W1 = 0xBB67AE85
+_MASK32 = 0xFFFFFFFF
+
+
+def _mulhilo32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit halves of the 64-bit product a*b, with b in [0, 2^32), in int64 ops.
+
+    Split into 16-bit limbs so no intermediate exceeds 2^49 (int64 never overflows).
+    """
+    a_lo, a_hi = a & 0xFFFF, a >> 16
+    b_lo, b_hi = b & 0xFFFF, b >> 16
+    ll = b_lo * a_lo
+    lh = b_hi * a_lo
+    hl = b_lo * a_hi
+    hh = b_hi * a_hi
+    mid = (ll >> 16) + (lh & 0xFFFF) + (hl & 0xFFFF)
+    lo = (ll & 0xFFFF) | ((mid & 0xFFFF) << 16)
+    hi = hh + (lh >> 16) + (hl >> 16) + (mid >> 16)
+    return hi & _MASK32, lo & _MASK32
+
+
+def philox_uniform(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """One float32 uniform in [0, 1) per element from Philox4x32-10.
+
+    key = (seed low 32 bits, seed high 32 bits); counter = (counter low, counter high, 0, 0).
+    seed, counter: int64 tensors of the same shape.
+    """
+    k0 = seed & _MASK32
+    k1 = (seed >> 32) & _MASK32
+    c0 = counter & _MASK32
+    c1 = (counter >> 32) & _MASK32
+    c2 = torch.zeros_like(c0)
+    c3 = torch.zeros_like(c0)
+    for _ in range(10):
+        hi0, lo0 = _mulhilo32(_PHILOX_M0, c0)
+        hi1, lo1 = _mulhilo32(_PHILOX_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + _PHILOX_W0) & _MASK32
+        k1 = (k1 + _PHILOX_W1) & _MASK32
+    # 24 high bits -> exactly representable float32 in [0, 1)
+    return (c0 >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def apply_penalties(logits: torch.Tensor, params: torch.Tensor, output_counts: torch.Tensor,
+                    prompt_mask: torch.Tensor) -> torch.Tensor:
+    """Repetition (prompt + output, Hugging Face style) then presence/frequency (output only).
+
+    logits [B, V] float32; params [B, SAMPLING_COLUMNS]; output_counts [B, V] int32;
+    prompt_mask [B, V] bool.
+    """
+    rep = params[:, SAMPLING_REPETITION:SAMPLING_REPETITION + 1]
+    seen = prompt_mask | (output_counts > 0)
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalized, logits)
+    counts = output_counts.to(torch.float32)
+    presence = params[:, SAMPLING_PRESENCE:SAMPLING_PRESENCE + 1]
+    frequency = params[:, SAMPLING_FREQUENCY:SAMPLING_FREQUENCY + 1]
+    return logits - presence * (counts > 0).to(torch.float32) - frequency * counts
+
+
+def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row from penalized float32 logits [B, V]; returns int64 [B].
+
+    Greedy rows (temperature <= 0 or top_k == 1) take the argmax.
+    """
+    b, v = logits.shape
+    temperature = params[:, SAMPLING_TEMPERATURE:SAMPLING_TEMPERATURE + 1]
+    top_p = params[:, SAMPLING_TOP_P:SAMPLING_TOP_P + 1]
+    top_k = params[:, SAMPLING_TOP_K:SAMPLING_TOP_K + 1]
+    min_p = params[:, SAMPLING_MIN_P:SAMPLING_MIN_P + 1]
+    greedy = (temperature[:, 0] <= 0) | (top_k[:, 0] == 1)
+    argmax = logits.argmax(dim=-1)
+
+    scaled = logits / torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    rank = torch.arange(v, device=logits.device).view(1, v)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
+    keep = rank < k
+    # top-p: keep the smallest prefix whose mass reaches top_p (the first token always stays)
+    before = torch.cumsum(probs, dim=-1) - probs
+    keep &= before < top_p
+    keep &= probs >= min_p * probs[:, :1]
+    kept = torch.where(keep, probs, torch.zeros_like(probs))
+    cdf = torch.cumsum(kept, dim=-1)
+    target = uniform.view(b, 1) * cdf[:, -1:]
+    index = torch.searchsorted(cdf, target, right=True).clamp_(max=v - 1)
+    # never land on a filtered token (possible only through float ties at the boundary)
+    index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
+    sampled = order.gather(1, index).view(b)
+    return torch.where(greedy, argmax, sampled)

@@ -1,0 +1,117 @@
+"""A minimal step driver for model-level tests (no scheduler).
+
+Drives the real executor, inputs packing and step programs by hand: pages are
+handed out linearly, slots are chosen by the test. The runtime's scheduler does
+this for real; here the test controls every chunk and batch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, models
+
+from flare.config import EngineConfig
+from flare.core.export import ExportOptions, export_core
+from flare.core.format import load_core
+from flare.execution.cpu import CpuExecutor
+from flare.model.contract import REC_CONSUMED, REC_GENERATED, REC_TOKEN0, GraphKind
+from flare.model.inputs import Inputs
+from flare.model.loader import load_model
+from flare.request import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def write_word_tokenizer(path: Path, vocab_size: int) -> None:
+    """A trivial tokenizer.json so a random-weight checkpoint can be exported."""
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(path / "tokenizer.json"))
+
+
+def save_tiny(model, path: Path) -> Path:
+    model.save_pretrained(path)
+    write_word_tokenizer(path, model.config.vocab_size)
+    return path
+
+
+class Harness:
+    def __init__(self, core_dir: Path, *, max_active: int = 4, kv_bytes: int = 64 << 20):
+        self.core = load_core(core_dir)
+        self.model = load_model(self.core, EngineConfig(device="cpu", max_active=max_active,
+                                                         kv_memory_bytes=kv_bytes))
+        self.contract = self.model.contract
+        self.programs = self.model.programs
+        self.executor = CpuExecutor(self.programs)
+        self.inputs = Inputs(self.contract)
+        self.next_page = 0
+        self.pages: dict[int, list[int]] = {}
+
+    @classmethod
+    def export(cls, checkpoint: Path, out: Path, *, context: int = 512, chunk: int = 128, **kw) -> "Harness":
+        export_core(checkpoint, out, ExportOptions(context=context, prefill_chunk_size=chunk,
+                                                   max_active=kw.get("max_active", 4), dtype="float32"))
+        return cls(out, **kw)
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def run(self, kind: GraphKind, batch: int, tokens: int = 1):
+        graph = self.contract.graph(kind, batch, tokens)
+        self.executor.submit(graph.index, self.inputs.take())
+        done = self.executor.poll(timeout=120)
+        assert done is not None and done.error is None, done and done.error
+        return done
+
+    def alloc_pages(self, slot: int, upto_tokens: int) -> None:
+        pages = self.pages.setdefault(slot, [])
+        need = -(-upto_tokens // self.contract.page_tokens)
+        new = list(range(self.next_page, self.next_page + need - len(pages)))
+        self.next_page += len(new)
+        if new:
+            self.inputs.set_pages(slot, len(pages), new)
+            pages.extend(new)
+
+    def share_pages(self, slot: int, pages: list[int]) -> None:
+        self.pages[slot] = list(pages)
+        self.inputs.set_pages(slot, 0, pages)
+
+    def admit(self, slot: int, *, position: int = 0, generation: int = 1, params=GREEDY, seed: int = 0,
+              prompt: np.ndarray | None = None) -> None:
+        self.inputs.admit_slot(slot, generation=generation, position=position, seed=seed, params=params)
+        self.inputs.set_rows([slot], 1)
+        self.inputs.set_prompt(prompt)
+        self.run(GraphKind.INITIALIZE, 1)
+
+    def prefill(self, slot: int, tokens: np.ndarray, start: int, chunks: list[int]) -> int:
+        """Prefill tokens[start:] in the given chunk lengths; returns the sampled token."""
+        pos = start
+        for i, n in enumerate(chunks):
+            cap = next(c for c in self.contract.prefill_capacities if c >= n)
+            self.alloc_pages(slot, pos + n + 1)
+            self.inputs.set_rows([slot], 1)
+            self.inputs.set_prefill_row(0, tokens[pos:pos + n], sample=i == len(chunks) - 1)
+            done = self.run(GraphKind.PREFILL, 1, cap)
+            pos += n
+            assert done.records[slot, REC_CONSUMED] == pos
+        return int(done.records[slot, REC_TOKEN0])
+
+    def decode(self, slots: list[int]) -> dict[int, int]:
+        cap = next(b for b in self.contract.batch_capacities if b >= len(slots))
+        for s in slots:
+            consumed = int(self.programs.buffers["slot.position"][s])
+            self.alloc_pages(s, consumed + 2)
+        self.inputs.set_rows(slots, cap)
+        done = self.run(GraphKind.DECODE, cap)
+        return {s: int(done.records[s, REC_TOKEN0]) for s in slots}
+
+    def logits(self, slot: int) -> torch.Tensor:
+        """Logits of the slot's last consumed token (the ones its last sample used)."""
+        with torch.inference_mode():
+            return self.model.decoder.logits(self.programs.hidden[slot:slot + 1])[0]
+
+    def generated(self, slot: int) -> int:
+        return int(self.programs.buffers["slot.generated"][slot])
