@@ -15,7 +15,9 @@ real runtime (400 context, 503 capacity, 503 closed), reports prefix reuse
 in 64-token pages against earlier prompts, and counts the stats named in
 docs/metrics.md. Two markers in the prompt inject failures:
 ``FLARE_FAKE_FAIL`` ends the request with an ExecutionError after two tokens,
-``FLARE_FAKE_TEMPLATE_ERROR`` makes chat preparation raise a FrontendError.
+``FLARE_FAKE_CRASH`` does the same and marks the whole runtime failed
+(``failure``, which makes the server exit 1), ``FLARE_FAKE_TEMPLATE_ERROR``
+makes chat preparation raise a FrontendError.
 
 ``python -m flare.server.testing`` serves it through :func:`flare.server.app.serve`
 (used by the subprocess lifecycle tests and the benchmark).
@@ -41,6 +43,7 @@ from ..request import (ErrorEvent, EventSink, FinishEvent, ModelCard, PreparedPr
 EOS_ID = 256
 VOCAB_SIZE = 257
 FAIL_MARKER = "FLARE_FAKE_FAIL"
+CRASH_MARKER = "FLARE_FAKE_CRASH"
 TEMPLATE_ERROR_MARKER = "FLARE_FAKE_TEMPLATE_ERROR"
 FILLER = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
           "How vexingly quick daft zebras jump! ")
@@ -75,6 +78,7 @@ class _Live:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     is_cancelled: bool = False
     num_failed_after: int = -1
+    is_crash: bool = False
 
 
 class FakeTicket:
@@ -103,6 +107,7 @@ class FakeEngine:
         self._prompts: deque[np.ndarray] = deque(maxlen=MAX_REMEMBERED_PROMPTS)
         self._stats: dict[str, float] = {}
         self._is_closed = False
+        self.failure: ExecutionError | None = None  # set when the runtime cannot go on
         self._thread = threading.Thread(target=self._run, name="flare-fake-model", daemon=True)
         self._thread.start()
 
@@ -168,8 +173,9 @@ class FakeEngine:
                                      f"waiting for {self.max_active} slots)", status=503,
                                      code="model_capacity_exhausted")
             live = _Live(prompt, params, sink, self._reply(text), self._lookup_prefix(prompt.token_ids))
-            if FAIL_MARKER in text:
+            if FAIL_MARKER in text or CRASH_MARKER in text:
                 live.num_failed_after = 2
+                live.is_crash = CRASH_MARKER in text
             self._pending.append(live)
             self._count("requests_admitted")
             self._lock.notify()
@@ -281,7 +287,10 @@ class FakeEngine:
         if params.logprobs:
             live.pending_logprobs.append(self._logprob(token, params.top_logprobs))
         if live.num_failed_after >= 0 and live.num_generated > live.num_failed_after:
-            self._finish_error(live, ExecutionError("fake execution failure (FLARE_FAKE_FAIL)"))
+            error = ExecutionError("fake execution failure (%s)" % (CRASH_MARKER if live.is_crash else FAIL_MARKER))
+            if live.is_crash:
+                self.failure = error
+            self._finish_error(live, error)
             return True
         if token == EOS_ID or token in params.stop_token_ids:
             return self._finish(live, "stop", token if token != EOS_ID else None)

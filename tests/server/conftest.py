@@ -1,0 +1,49 @@
+"""Fixtures: servers under test, parametrized by engine kind (see server_harness.py).
+
+FLARE_E2E_DEMO=1 adds the "demo" kind: a real ``flare-serve`` subprocess on the
+embedded demo core, running the same tests as the fake engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from server_harness import ENGINE_KINDS, Served, launch
+
+
+@pytest.fixture(scope="module", params=ENGINE_KINDS)
+def engine_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def server(engine_kind) -> Served:
+    """A default server (no api key), shared by a module."""
+    served = launch(engine_kind, served_names=("flare-test/alias-one", "plain-alias") if engine_kind == "fake" else ())
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def fake_only(engine_kind) -> None:
+    if engine_kind != "fake":
+        pytest.skip("needs the fake engine's fault injection or exact output")
+
+
+@pytest.fixture
+def launcher(engine_kind) -> Callable[..., Served]:
+    """Start extra servers with custom settings; stopped after the test."""
+    started: list[Served] = []
+
+    def start(**settings: Any) -> Served:
+        served = launch(engine_kind, **settings)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.stop()
+
+
