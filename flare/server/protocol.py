@@ -189,8 +189,9 @@ class HttpConnection(asyncio.Protocol):
                 self._fail(431, f"request head exceeds {self.limits.max_header_bytes} bytes")
 
     def eof_received(self) -> bool | None:
-        # A half-closed client may still read its pending responses.
-        return True if (self._active is not None or self._pipeline) else None
+        # NOTE: a client that half-closes is treated as gone: detecting disconnects
+        # (and cancelling their generation) matters more than half-open clients.
+        return None
 
     def pause_writing(self) -> None:
         self._write_paused = True

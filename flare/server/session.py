@@ -282,6 +282,8 @@ class ServingSession:
 
     def wait_for_requests(self, timeout: float | None) -> bool:
         """Wait until no admitted request remains; False when ``timeout`` passed first."""
+        if self._closed or self._loop.is_closed():
+            return True
         future = asyncio.run_coroutine_threadsafe(self._server.state.admission.wait_idle(timeout), self._loop)
         return future.result()
 
@@ -295,6 +297,9 @@ class ServingSession:
         self._thread.join()
 
     def _call(self, fn: Callable[[], None]) -> None:
+        if self._closed or self._loop.is_closed():
+            raise RuntimeError("the serving session is closed")
+
         async def run() -> None:
             fn()
         asyncio.run_coroutine_threadsafe(run(), self._loop).result()

@@ -96,6 +96,9 @@ class FakeEngine:
     """See the module docstring. Implements flare.server.engine.Engine."""
 
     def __init__(self, config: FakeEngineConfig = FakeEngineConfig()):
+        if config.max_active < 1 or config.context_len < 2:
+            raise ExecutionError(f"the fake model needs max_active >= 1 and context_len >= 2, got "
+                                 f"{config.max_active} and {config.context_len}")
         self.config = config
         self.context_len = config.context_len
         self.max_active = config.max_active
