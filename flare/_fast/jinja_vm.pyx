@@ -84,8 +84,9 @@ cdef enum Opc:
     HALT = 41
     SKIP_IF_UNBOUND = 42
     LOAD_UNDEFINED = 43
+    RAISE = 44
 
-OPCODE_COUNT = 44
+OPCODE_COUNT = 45
 
 # Filter and test numbering: codegen resolves names through these tuples.
 FILTER_NAMES = (
@@ -385,6 +386,26 @@ cdef class Cycler:
     """jinja2's ``cycler(*items)``."""
     cdef tuple items
     cdef Py_ssize_t pos
+
+
+class Markup(str):
+    """Text marked safe (``|safe``, ``|escape``), as markupsafe's Markup behaves in
+    jinja2: ``+`` HTML-escapes a plain-str operand. Printing it is plain text."""
+
+    __slots__ = ()
+
+    def __add__(self, other):
+        if isinstance(other, str):
+            return Markup(str.__add__(self, _escape(other)))
+        return NotImplemented
+
+    def __radd__(self, other):
+        if isinstance(other, str):
+            return Markup(str.__add__(_escape(other), self))
+        return NotImplemented
+
+    def __repr__(self):
+        return f"Markup({str.__repr__(self)})"
 
 
 # ---------------------------------------------------------------- globals
@@ -783,6 +804,17 @@ cdef object _compare(int op, object a, object b):
 
 # ============================================================== filters and tests
 
+def _generator(items):
+    """A real generator over ``items`` (jinja2 filters return generators)."""
+    for item in items:
+        yield item
+
+
+def _failing_generator(exc):
+    raise exc
+    yield
+
+
 cdef list _bind(str fname, tuple args, dict kwargs, tuple names, tuple defaults):
     """Bind filter arguments (after the value) like a Python signature would."""
     cdef Py_ssize_t n = len(names), i
@@ -803,11 +835,12 @@ cdef list _bind(str fname, tuple args, dict kwargs, tuple names, tuple defaults)
 
 
 cdef object _escape(object v):
-    if type(v) is Undefined:
-        return ""
-    s = _str(v)
-    return (s.replace("&", "&amp;").replace(">", "&gt;").replace("<", "&lt;")
-             .replace("'", "&#39;").replace('"', "&#34;"))
+    """markupsafe.escape: Markup passes through, anything else is HTML-escaped."""
+    if isinstance(v, Markup):
+        return v
+    s = str(v)
+    return Markup(s.replace("&", "&amp;").replace(">", "&gt;").replace("<", "&lt;")
+                  .replace("'", "&#39;").replace('"', "&#34;"))
 
 
 cdef object _tojson(object v, tuple args, dict kwargs):
@@ -939,18 +972,19 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
     if fid == F_STRING:
         return _str(v)
     if fid == F_SAFE:
-        return _str(v)
+        return v if isinstance(v, Markup) else Markup(_str(v))
     if fid == F_DEFAULT:
         a = _bind("default", args, kwargs, ("default_value", "boolean"), ("", False))
         if type(v) is Undefined or (a[1] and not v):
             return a[0]
         return v
     if fid == F_ITEMS:
+        # jinja2's do_items is a generator: a non-mapping fails only when iterated.
         if type(v) is Undefined:
-            return []
+            return _generator(())
         if not isinstance(v, _abc.Mapping):
-            raise TypeError("Can only get item pairs from a mapping.")
-        return list(v.items())
+            return _failing_generator(TypeError("Can only get item pairs from a mapping."))
+        return _generator(list(v.items()))
     if fid == F_JOIN:
         a = _bind("join", args, kwargs, ("d", "attribute"), ("", None))
         if a[1] is not None:
@@ -994,16 +1028,18 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         cs = a[0]
         return sorted(v.items(), key=lambda item: item[pos] if cs else _ignore_case(item[pos]),
                       reverse=a[2])
+    # jinja2 returns generators from these (so e.g. `|tojson` on them fails the same
+    # way); we compute eagerly and wrap the result.
     if fid == F_SELECTATTR:
-        return _select(st, v, args, kwargs, True, True)
+        return _generator(_select(st, v, args, kwargs, True, True))
     if fid == F_REJECTATTR:
-        return _select(st, v, args, kwargs, True, False)
+        return _generator(_select(st, v, args, kwargs, True, False))
     if fid == F_SELECT:
-        return _select(st, v, args, kwargs, False, True)
+        return _generator(_select(st, v, args, kwargs, False, True))
     if fid == F_REJECT:
-        return _select(st, v, args, kwargs, False, False)
+        return _generator(_select(st, v, args, kwargs, False, False))
     if fid == F_MAP:
-        return _map(st, v, args, kwargs)
+        return _generator(_map(st, v, args, kwargs))
     if fid == F_INDENT:
         return _indent(v, args, kwargs)
     if fid == F_TITLE:
@@ -1055,15 +1091,18 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             if key not in seen:
                 seen.add(key)
                 out.append(item)
-        return out
+        return _generator(out)
     if fid == F_SORT:
         return _sort(v, args, kwargs)
     if fid == F_REVERSE:
         if isinstance(v, str):
             return v[::-1]
-        out = list(v)
-        out.reverse()
-        return out
+        try:
+            return reversed(v)
+        except TypeError:
+            out = list(v)
+            out.reverse()
+            return out
     if fid == F_MIN:
         return _min_max(v, args, kwargs, False)
     if fid == F_MAX:
@@ -1088,14 +1127,16 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             if a[1] is not None and len(tmp) < linecount:
                 tmp += [a[1]] * (linecount - len(tmp))
             out.append(tmp)
-        return out
+        return _generator(out)
     if fid == F_WORDCOUNT:
         return len(_word_re.findall(_str(v)))
     if fid == F_CENTER:
         a = _bind("center", args, kwargs, ("width",), (80,))
         return _guard_size(_str(v).center(a[0]))
-    if fid == F_ESCAPE or fid == F_FORCEESCAPE:
+    if fid == F_ESCAPE:
         return _escape(v)
+    if fid == F_FORCEESCAPE:
+        return _escape(str(v))
     if fid == F_FORMAT:
         if args and kwargs:
             raise FrontendError("can't handle positional and keyword arguments at the same time")
@@ -1552,6 +1593,8 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             (<list>slots[arg]).append(stack.pop())
         elif op == LOAD_UNDEFINED:
             stack.append(_undef_hint(consts[arg]))
+        elif op == RAISE:
+            raise FrontendError(consts[arg])
         elif op == NOP:
             pass
         else:

@@ -101,6 +101,9 @@ class CodeGen:
         self.root_slots: dict[str, int] = {}
         self.loops: list[tuple[list, list]] = []  # (continue patches, break patches)
         self.capture_depth = 0  # >0 inside macros, captured sets, filter and call blocks
+        # jinja2 defers "no such filter/test" to run time inside if statements and
+        # conditional expressions (a "soft" frame); elsewhere it is a load error.
+        self.soft = False
         self.mark_kind: str | None = None
         self.cur_pos = 0
 
@@ -195,6 +198,13 @@ class CodeGen:
             self.emit(Op.EMIT_CONST, self.const("".join(text)))
 
     def stmt_If(self, node: n.If) -> None:
+        saved, self.soft = self.soft, True
+        try:
+            self._if(node)
+        finally:
+            self.soft = saved
+
+    def _if(self, node: n.If) -> None:
         self.expr(node.test)
         jf = self.emit(Op.JUMP_IF_FALSE)
         self.body(node.body)
@@ -215,6 +225,13 @@ class CodeGen:
                 self.emit(Op.STORE, self.store_slot(item.name))
 
     def stmt_For(self, node: n.For) -> None:
+        saved, self.soft = self.soft, False
+        try:
+            self._for(node)
+        finally:
+            self.soft = saved
+
+    def _for(self, node: n.For) -> None:
         outer = self.scope
         scope = _Scope(outer, "loop")
         # Create the loop's slots up front so `owned` bookkeeping covers them.
@@ -319,7 +336,8 @@ class CodeGen:
         """Emit a macro or caller body inline (jumped over); return its spec const."""
         skip = self.emit(Op.JUMP)
         entry = self.here()
-        outer, saved_loops = self.scope, self.loops
+        outer, saved_loops, saved_soft = self.scope, self.loops, self.soft
+        self.soft = False
         scope = _Scope(outer, "macro")
         self.scope, self.loops = scope, []
         self.capture_depth += 1
@@ -342,7 +360,7 @@ class CodeGen:
         self.body(body)
         self.emit(Op.RETURN)
         self.capture_depth -= 1
-        self.scope, self.loops = outer, saved_loops
+        self.scope, self.loops, self.soft = outer, saved_loops, saved_soft
         self.patch(skip)
         spec = (name, entry, tuple(param_slots), len(defaults), tuple(scope.owned),
                 special[0], special[1], special[2])
@@ -433,9 +451,12 @@ class CodeGen:
 
     def filter(self, node: n.Filter) -> None:
         fid = _FILTER_IDS.get(node.name)
-        if fid is None:
+        if fid is None and not self.soft:
             self.fail(f"no filter named '{node.name}'", node.pos)
         kwnames = self._args(node.args, node.kwargs)
+        if fid is None:
+            self.emit(Op.RAISE, self.const(f"No filter named {node.name!r} found."))
+            return
         self.emit(Op.FILTER, self.const((fid, len(node.args), kwnames)))
 
     def expr_Filter(self, node: n.Filter) -> None:
@@ -444,10 +465,13 @@ class CodeGen:
 
     def expr_Test(self, node: n.Test) -> None:
         tid = _TEST_IDS.get(node.name)
-        if tid is None:
+        if tid is None and not self.soft:
             self.fail(f"no test named '{node.name}'", node.pos)
         self.expr(node.value)
         kwnames = self._args(node.args, node.kwargs)
+        if tid is None:
+            self.emit(Op.RAISE, self.const(f"No test named {node.name!r} found."))
+            return
         self.emit(Op.TEST, self.const((tid, len(node.args), kwnames)))
 
     def expr_BinOp(self, node: n.BinOp) -> None:
@@ -486,6 +510,13 @@ class CodeGen:
         self.patch(j)
 
     def expr_CondExpr(self, node: n.CondExpr) -> None:
+        saved, self.soft = self.soft, True
+        try:
+            self._condexpr(node)
+        finally:
+            self.soft = saved
+
+    def _condexpr(self, node: n.CondExpr) -> None:
         self.expr(node.test)
         jf = self.emit(Op.JUMP_IF_FALSE)
         self.expr(node.then)

@@ -6,7 +6,7 @@ from flare.frontend.template.compiled import CompiledTemplate
 from flare.frontend.template.opcodes import BinaryOp, CompareOp, JUMP_OPS, Op
 
 _CONST_OPS = {Op.EMIT_CONST, Op.LOAD_CONST, Op.GETATTR, Op.SET_ATTR, Op.LOAD_UNDEFINED,
-              Op.COPY_SLOTS}
+              Op.COPY_SLOTS, Op.RAISE}
 _SLOT_OPS = {Op.LOAD, Op.STORE, Op.LIST_APPEND, Op.SKIP_IF_UNBOUND}
 _SPEC_OPS = {Op.FILTER, Op.TEST, Op.CALL, Op.CALL_METHOD}
 

@@ -55,6 +55,7 @@ class Op(enum.IntEnum):
     HALT = 41              # end of the template
     SKIP_IF_UNBOUND = 42   # macro prologue: when slot arg has no value, skip the next instruction
     LOAD_UNDEFINED = 43    # push an undefined whose error message is consts[arg]
+    RAISE = 44             # fail the render with message consts[arg] (unknown filter in an if)
 
 
 class BinaryOp(enum.IntEnum):

@@ -262,7 +262,12 @@ class Parser:
         return n.CallBlock(tok.pos, call, params, defaults, body)
 
     def parse_filter(self, tok: Token):
-        filters = self.parse_filter_chain(None)
+        # `{% filter a(x) | b %}`: the first filter has no leading pipe.
+        first = self.cur
+        name = self._dotted_name()
+        args, kwargs = self.parse_args() if self.is_op("(") else ([], [])
+        filters = [n.Filter(first.pos, None, name, args, kwargs)]
+        filters += self.parse_filter_chain(None)
         self.expect_block_end()
         body = self.parse_body(("endfilter",))
         return n.FilterBlock(tok.pos, filters, body)
