@@ -16,6 +16,7 @@ only whitelisted callables can be called, and each render has an instruction bud
 from cpython.dict cimport PyDict_GetItem, PyDict_Items
 from cpython.object cimport PyObject, PyObject_IsTrue, PyObject_RichCompare, Py_EQ, Py_NE, Py_LT, Py_LE, Py_GT, Py_GE
 from cpython.sequence cimport PySequence_Contains
+from cpython.list cimport PyList_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
@@ -179,11 +180,6 @@ cdef class Undefined:
     cdef readonly object obj
     cdef readonly object name
 
-    def __cinit__(self, hint=None, obj=MISSING, name=None):
-        self.hint = hint
-        self.obj = obj
-        self.name = name
-
     cpdef str message(self):
         if self.hint is not None:
             return self.hint
@@ -248,16 +244,24 @@ cdef class Undefined:
     def __call__(self, *args, **kwargs): self.fail()
 
 
+cdef inline Undefined _new_undefined(object hint, object obj, object name):
+    cdef Undefined u = Undefined.__new__(Undefined)
+    u.hint = hint
+    u.obj = obj
+    u.name = name
+    return u
+
+
 cdef inline Undefined _undef_name(str name):
-    return Undefined(None, MISSING, name)
+    return _new_undefined(None, MISSING, name)
 
 
 cdef inline Undefined _undef_attr(object obj, object name):
-    return Undefined(None, obj, name)
+    return _new_undefined(None, obj, name)
 
 
 cdef inline Undefined _undef_hint(str hint):
-    return Undefined(hint, MISSING, None)
+    return _new_undefined(hint, MISSING, None)
 
 
 cdef class TemplateNamespace:
@@ -284,6 +288,12 @@ def _namespace(*args, **kwargs):
     return ns
 
 
+# attr_kind codes of the loop object's attributes (0: not one, 1: dict method).
+cdef dict _LOOP_ATTRS = {"index0": 2, "index": 3, "first": 4, "last": 5, "length": 6,
+                         "revindex": 7, "revindex0": 8, "previtem": 9, "nextitem": 10,
+                         "depth": 11, "depth0": 12, "cycle": 13, "changed": 13}
+
+
 cdef class LoopContext:
     """The ``loop`` variable of a for loop (also its iteration state)."""
     cdef object seq          # list or tuple being iterated
@@ -296,34 +306,38 @@ cdef class LoopContext:
         return f"<LoopContext {self.index0 + 1}/{self.length}>"
 
     cdef object attr(self, str name):
+        cdef int code = _LOOP_ATTRS.get(name, 0)
+        return self.attr_code(code, name)
+
+    cdef object attr_code(self, int code, str name):
         cdef Py_ssize_t i = self.index0
-        if name == "index0":
+        if code == 2:
             return i
-        if name == "index":
+        if code == 3:
             return i + 1
-        if name == "first":
+        if code == 4:
             return i == 0
-        if name == "last":
+        if code == 5:
             return i == self.length - 1
-        if name == "length":
+        if code == 6:
             return self.length
-        if name == "revindex":
+        if code == 7:
             return self.length - i
-        if name == "revindex0":
+        if code == 8:
             return self.length - i - 1
-        if name == "previtem":
+        if code == 9:
             if i <= 0:
                 return _undef_hint("there is no previous item")
             return self.seq[i - 1]
-        if name == "nextitem":
+        if code == 10:
             if i + 1 >= self.length:
                 return _undef_hint("there is no next item")
             return self.seq[i + 1]
-        if name == "depth":
+        if code == 11:
             return 1
-        if name == "depth0":
+        if code == 12:
             return 0
-        if name == "cycle" or name == "changed":
+        if code == 13:
             return BoundMethod(self, name)
         return _undef_attr(self, name)
 
@@ -1265,8 +1279,12 @@ cdef class Program:
             c = consts[i]
             self.spec_id[i] = -1
             self.spec_nargs[i] = 0
-            self.attr_kind[i] = 1 if (type(c) is str and (c in _DICT_METHODS
-                                                        or c in _DICT_MUTATORS)) else 0
+            self.attr_kind[i] = 0
+            if type(c) is str:
+                if c in _DICT_METHODS or c in _DICT_MUTATORS:
+                    self.attr_kind[i] = 1
+                else:
+                    self.attr_kind[i] = _LOOP_ATTRS.get(c, 0)
             kw = None
             name = None
             if type(c) is tuple and len(c) == 3 and type(c[1]) is int and type(c[2]) is tuple:
@@ -1327,11 +1345,14 @@ cdef class _Render:
     pass
 
 
-cdef inline list _pop_args(list stack, int nargs):
-    cdef Py_ssize_t n = len(stack)
-    cdef list a = stack[n - nargs:]
-    del stack[n - nargs:]
-    return a
+cdef inline Py_ssize_t _push(list stack, Py_ssize_t sp, object v) except -1:
+    # The operand stack only grows: popping just moves sp, so no list resizing
+    # (and realloc churn) happens per instruction.
+    if sp == PyList_GET_SIZE(stack):
+        stack.append(v)
+    else:
+        stack[sp] = v
+    return sp + 1
 
 
 cdef int _run(_Render st, Py_ssize_t pc) except -1:
@@ -1341,6 +1362,7 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
     cdef tuple consts = p.consts
     cdef list slots = st.slots
     cdef list stack = []
+    cdef Py_ssize_t sp = 0
     cdef list loops = []
     cdef list out = st.buffers[len(st.buffers) - 1]
     cdef long fuel = st.fuel
@@ -1372,19 +1394,22 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             v = slots[arg]
             if v is MISSING:
                 v = _undef_name(p.slot_names[arg])
-            stack.append(v)
+            sp = _push(stack, sp, v)
         elif op == GETATTR:
-            a = stack.pop()
+            a = stack[sp - 1]
             if type(a) is dict and not p.attr_kind[arg]:
                 pv = PyDict_GetItem(a, consts[arg])
                 if pv != NULL:
-                    stack.append(<object>pv)
-                    continue
-                stack.append(_undef_attr(a, consts[arg]))
+                    stack[sp - 1] = <object>pv
+                else:
+                    stack[sp - 1] = _undef_attr(a, consts[arg])
+            elif type(a) is LoopContext and p.attr_kind[arg] >= 2:
+                stack[sp - 1] = (<LoopContext>a).attr_code(p.attr_kind[arg], consts[arg])
             else:
-                stack.append(_getattr(a, consts[arg]))
+                stack[sp - 1] = _getattr(a, consts[arg])
         elif op == EMIT:
-            v = stack.pop()
+            sp -= 1
+            v = stack[sp]
             if type(v) is not str:
                 if type(v) is Undefined:
                     continue
@@ -1394,19 +1419,24 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             if st.out_chars > MAX_OUTPUT:
                 raise FrontendError(f"template output exceeded {MAX_OUTPUT} characters")
         elif op == LOAD_CONST:
-            stack.append(consts[arg])
+            sp = _push(stack, sp, consts[arg])
         elif op == STORE:
-            slots[arg] = stack.pop()
+            sp -= 1
+            slots[arg] = stack[sp]
         elif op == COMPARE:
-            b = stack.pop()
-            a = stack.pop()
-            stack.append(_compare(arg, a, b))
+            sp -= 1
+            b = stack[sp]
+            sp -= 1
+            a = stack[sp]
+            sp = _push(stack, sp, _compare(arg, a, b))
         elif op == JUMP_IF_FALSE:
-            v = stack.pop()
+            sp -= 1
+            v = stack[sp]
             if v is False or v is None or (v is not True and not v):
                 pc = arg
         elif op == JUMP_IF_TRUE:
-            v = stack.pop()
+            sp -= 1
+            v = stack[sp]
             if v is True or (v is not False and v is not None and v):
                 pc = arg
         elif op == JUMP:
@@ -1415,14 +1445,15 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             lc = <LoopContext>loops[len(loops) - 1]
             lc.index0 += 1
             if lc.index0 < lc.length:
-                stack.append(lc.seq[lc.index0])
+                sp = _push(stack, sp, lc.seq[lc.index0])
             else:
                 loops.pop()
                 if lc.has_else:
-                    stack.append(lc.length == 0)
+                    sp = _push(stack, sp, lc.length == 0)
                 pc = arg
         elif op == FOR_INIT:
-            v = stack.pop()
+            sp -= 1
+            v = stack[sp]
             lc = LoopContext.__new__(LoopContext)
             if type(v) is list or type(v) is tuple:
                 lc.seq = v
@@ -1447,87 +1478,120 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             n = len(kwnames)
             kwargs = None
             if n:
-                kwargs = dict(zip(kwnames, _pop_args(stack, n)))
-            args = tuple(_pop_args(stack, nargs)) if nargs else ()
-            v = stack.pop()
+                kwargs = dict(zip(kwnames, stack[sp - n:sp]))
+                sp -= n
+            if nargs:
+                args = tuple(stack[sp - nargs:sp])
+                sp -= nargs
+            else:
+                args = ()
+            sp -= 1
+            v = stack[sp]
             st.fuel = fuel
-            stack.append(_filter(st, p.spec_id[arg], v, args, kwargs))
+            sp = _push(stack, sp, _filter(st, p.spec_id[arg], v, args, kwargs))
         elif op == TEST:
             nargs = p.spec_nargs[arg]
             kwnames = <tuple>p.spec_kw[arg]
             n = len(kwnames)
             kwargs = None
             if n:
-                kwargs = dict(zip(kwnames, _pop_args(stack, n)))
-            args = tuple(_pop_args(stack, nargs)) if nargs else ()
-            v = stack.pop()
-            stack.append(_test(st, p.spec_id[arg], v, args, kwargs))
+                kwargs = dict(zip(kwnames, stack[sp - n:sp]))
+                sp -= n
+            if nargs:
+                args = tuple(stack[sp - nargs:sp])
+                sp -= nargs
+            else:
+                args = ()
+            sp -= 1
+            v = stack[sp]
+            sp = _push(stack, sp, _test(st, p.spec_id[arg], v, args, kwargs))
         elif op == CALL_METHOD or op == CALL:
             nargs = p.spec_nargs[arg]
             kwnames = <tuple>p.spec_kw[arg]
             n = len(kwnames)
             kwargs = None
             if n:
-                kwargs = dict(zip(kwnames, _pop_args(stack, n)))
-            args = tuple(_pop_args(stack, nargs)) if nargs else ()
-            v = stack.pop()
+                kwargs = dict(zip(kwnames, stack[sp - n:sp]))
+                sp -= n
+            if nargs:
+                args = tuple(stack[sp - nargs:sp])
+                sp -= nargs
+            else:
+                args = ()
+            sp -= 1
+            v = stack[sp]
             st.fuel = fuel
             if op == CALL_METHOD:
                 v = _call_method(st, v, <str>p.spec_name[arg], args, kwargs)
             else:
                 v = _call(st, v, args, kwargs)
             fuel = st.fuel
-            stack.append(v)
+            sp = _push(stack, sp, v)
         elif op == JUMP_IF_FALSE_KEEP:
-            v = stack[len(stack) - 1]
+            v = stack[sp - 1]
             if not v:
                 pc = arg
             else:
-                stack.pop()
+                sp -= 1
         elif op == JUMP_IF_TRUE_KEEP:
-            v = stack[len(stack) - 1]
+            v = stack[sp - 1]
             if v:
                 pc = arg
             else:
-                stack.pop()
+                sp -= 1
         elif op == NOT:
-            v = stack.pop()
-            stack.append(not v)
+            sp -= 1
+            v = stack[sp]
+            sp = _push(stack, sp, not v)
         elif op == GETITEM:
-            b = stack.pop()
-            a = stack.pop()
-            stack.append(_getitem(a, b))
+            sp -= 1
+            b = stack[sp]
+            sp -= 1
+            a = stack[sp]
+            sp = _push(stack, sp, _getitem(a, b))
         elif op == BINARY:
-            b = stack.pop()
-            a = stack.pop()
-            stack.append(_binary(arg, a, b))
+            sp -= 1
+            b = stack[sp]
+            sp -= 1
+            a = stack[sp]
+            sp = _push(stack, sp, _binary(arg, a, b))
         elif op == SLICE:
-            v = stack.pop()
-            b = stack.pop()
-            a = stack.pop()
-            obj = stack.pop()
+            sp -= 1
+            v = stack[sp]
+            sp -= 1
+            b = stack[sp]
+            sp -= 1
+            a = stack[sp]
+            sp -= 1
+            obj = stack[sp]
             if type(obj) is Undefined:
                 (<Undefined>obj).fail()
             try:
-                stack.append(obj[a:b:v])
+                sp = _push(stack, sp, obj[a:b:v])
             except TypeError:
-                stack.append(_undef_attr(obj, slice(a, b, v)))
+                sp = _push(stack, sp, _undef_attr(obj, slice(a, b, v)))
         elif op == NEG:
-            stack.append(-stack.pop())
+            stack[sp - 1] = -stack[sp - 1]
         elif op == POS:
-            stack.append(+stack.pop())
+            stack[sp - 1] = +stack[sp - 1]
         elif op == BUILD_LIST:
-            stack.append(_pop_args(stack, arg) if arg else [])
+            v = stack[sp - arg:sp]
+            sp -= arg
+            sp = _push(stack, sp, v)
         elif op == BUILD_TUPLE:
-            stack.append(tuple(_pop_args(stack, arg)))
+            v = tuple(stack[sp - arg:sp])
+            sp -= arg
+            sp = _push(stack, sp, v)
         elif op == BUILD_DICT:
-            a = _pop_args(stack, 2 * arg)
+            a = stack[sp - 2 * arg:sp]
+            sp -= 2 * arg
             v = {}
             for i in range(0, 2 * arg, 2):
                 v[a[i]] = a[i + 1]
-            stack.append(v)
+            sp = _push(stack, sp, v)
         elif op == UNPACK:
-            v = stack.pop()
+            sp -= 1
+            v = stack[sp]
             if type(v) is not tuple and type(v) is not list:
                 v = tuple(v)
             k = len(v)
@@ -1536,7 +1600,7 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             if k < arg:
                 raise ValueError(f"not enough values to unpack (expected {arg}, got {k})")
             for i in range(arg - 1, -1, -1):
-                stack.append(v[i])
+                sp = _push(stack, sp, v[i])
         elif op == FOR_BREAK:
             loops.pop()
         elif op == CAPTURE:
@@ -1546,10 +1610,12 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             st.buffers.pop()
             v = "".join(out)
             out = st.buffers[len(st.buffers) - 1]
-            stack.append(v)
+            sp = _push(stack, sp, v)
         elif op == SET_ATTR:
-            v = stack.pop()
-            a = stack.pop()
+            sp -= 1
+            v = stack[sp]
+            sp -= 1
+            a = stack[sp]
             if type(a) is not TemplateNamespace:
                 raise FrontendError("cannot assign attribute on non-namespace object")
             _check_ns_name(consts[arg])
@@ -1567,7 +1633,7 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             m.varargs_slot = spec[5]
             m.kwargs_slot = spec[6]
             m.caller_slot = spec[7]
-            stack.append(m)
+            sp = _push(stack, sp, m)
         elif op == SKIP_IF_UNBOUND:
             if slots[arg] is MISSING:
                 pc += 1
@@ -1581,18 +1647,20 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
                 st.counted_pieces += 1
             st.marks.append(st.counted_bytes)
         elif op == MARK_VALUE:
-            v = stack.pop()
+            sp -= 1
+            v = stack[sp]
             if type(v) is not int or v < 0:
                 raise FrontendError(f"{{% mark %}} segment count must be a nonnegative int, got {v!r}")
             st.marks.append(v)
         elif op == POP:
-            stack.pop()
+            sp -= 1
         elif op == DUP:
-            stack.append(stack[len(stack) - 1])
+            sp = _push(stack, sp, stack[sp - 1])
         elif op == LIST_APPEND:
-            (<list>slots[arg]).append(stack.pop())
+            sp -= 1
+            (<list>slots[arg]).append(stack[sp])
         elif op == LOAD_UNDEFINED:
-            stack.append(_undef_hint(consts[arg]))
+            sp = _push(stack, sp, _undef_hint(consts[arg]))
         elif op == RAISE:
             raise FrontendError(consts[arg])
         elif op == NOP:

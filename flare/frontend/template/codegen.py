@@ -189,6 +189,9 @@ class CodeGen:
             if isinstance(item, str):
                 text.append(item)
                 continue
+            if isinstance(item, n.Const) and type(item.value) in (str, int, bool, type(None)):
+                text.append(str(item.value))  # {{ 'literal' }}: folded into the text
+                continue
             if text:
                 self.emit(Op.EMIT_CONST, self.const("".join(text)))
                 text.clear()
