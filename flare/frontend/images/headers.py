@@ -277,6 +277,10 @@ def _probe_webp(data: bytes, limits: ImageLimits) -> ImageHeader:
                 raise ImageError("image_animated", "animated WebP is not supported")
             has_alpha = bool(flags & 0x10)
             canvas = (1 + int.from_bytes(body[4:7], "little"), 1 + int.from_bytes(body[7:10], "little"))
+            if canvas[0] * canvas[1] > limits.max_pixels:
+                raise ImageError("image_too_many_pixels",
+                                 f"WEBP declares a {canvas[0]}x{canvas[1]} canvas, over the limit "
+                                 f"of {limits.max_pixels} pixels")
         elif fourcc in (b"VP8 ", b"VP8L"):
             if bitstream is not None:
                 raise ImageError("image_corrupt", "WebP has more than one image bitstream")
