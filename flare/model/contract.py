@@ -24,7 +24,6 @@ import numpy as np
 
 from ..config import PAGE_TOKENS
 from ..request import MAX_TOP_LOGPROBS
-from .sampling import SAMPLING_COLUMNS
 
 RECORD_META = 16
 RECORD_TOKENS = 8
@@ -42,6 +41,16 @@ REC_TOKEN0 = RECORD_META  # first sampled token
 
 REC_FLAG_PARTICIPATED = 1  # the slot took part in this program
 REC_FLAG_SAMPLED = 2  # a token was sampled
+
+# Columns of the per-slot float32 sampling-parameter row (slot.sampling).
+SAMPLING_TEMPERATURE = 0  # <= 0 means greedy
+SAMPLING_TOP_P = 1
+SAMPLING_TOP_K = 2  # 0 disables
+SAMPLING_MIN_P = 3
+SAMPLING_PRESENCE = 4
+SAMPLING_FREQUENCY = 5
+SAMPLING_REPETITION = 6  # 1 disables
+SAMPLING_COLUMNS = 8
 
 
 class GraphKind(IntEnum):

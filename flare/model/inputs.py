@@ -19,9 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from ..execution.base import Upload
-from .contract import PreparedContract
-from .sampling import (
-    SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_MIN_P, SAMPLING_PRESENCE, SAMPLING_REPETITION,
+from .contract import (
+    PreparedContract, SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_MIN_P, SAMPLING_PRESENCE, SAMPLING_REPETITION,
     SAMPLING_TEMPERATURE, SAMPLING_TOP_K, SAMPLING_TOP_P,
 )
 
@@ -130,3 +129,27 @@ def _flat_extent(array: np.ndarray, index) -> tuple[int, int]:
         start, stop, _ = index.indices(array.shape[0])
         return start * row, stop * row
     return index * row, (index + 1) * row
+
+
+def pack_step(inputs: Inputs, step) -> list[Upload]:
+    """Pack a :class:`flare.scheduler.plan.CommittedStep` into uploads for its graph."""
+    from .contract import GraphKind
+
+    plan = step.plan
+    kind = plan.kind
+    slots = [row.handle.slot for row in step.rows]
+    for row in step.rows:
+        if row.admission is not None:
+            a = row.admission
+            inputs.admit_slot(row.handle.slot, generation=row.handle.generation, position=a.position,
+                              seed=a.seed, params=a.params)
+            inputs.set_prompt(a.penalty_prompt)
+        if row.new_pages:
+            inputs.set_pages(row.handle.slot, row.first_page, row.new_pages)
+    inputs.set_rows(slots, plan.batch)
+    if kind == GraphKind.PREFILL:
+        for i, row in enumerate(step.rows):
+            inputs.set_prefill_row(i, row.tokens, row.sample)
+    elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
+        inputs.set_snapshot_rows([row.snapshot for row in step.rows], plan.batch)
+    return inputs.take()

@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import torch
 
-# Columns of the per-slot float32 sampling-parameter row.
-SAMPLING_TEMPERATURE = 0  # <= 0 means greedy
-SAMPLING_TOP_P = 1
-SAMPLING_TOP_K = 2  # 0 disables
-SAMPLING_MIN_P = 3
-SAMPLING_PRESENCE = 4
-SAMPLING_FREQUENCY = 5
-SAMPLING_REPETITION = 6  # 1 disables
-SAMPLING_COLUMNS = 8
+from .contract import (  # noqa: F401 - the column layout lives with the contract
+    SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_MIN_P, SAMPLING_PRESENCE, SAMPLING_REPETITION,
+    SAMPLING_TEMPERATURE, SAMPLING_TOP_K, SAMPLING_TOP_P,
+)
 
 _PHILOX_M0 = 0xD2511F53
 _PHILOX_M1 = 0xCD9E8D57

@@ -1,0 +1,8 @@
+# Scheduler hot loops: candidate selection and completion-record validation.
+# Contract: pure functions over NumPy buffers; no Python objects touched inside nogil loops.
+
+cpdef Py_ssize_t select_candidate(const double[::1] value, const double[::1] est_ms,
+                                  const double[::1] wait_per_ms) except -2
+cpdef Py_ssize_t validate_records(const long long[:, ::1] records, const long long[::1] slots,
+                                  const long long[::1] generations, const long long[::1] consumed,
+                                  const long long[::1] generated, long long max_new) except -2

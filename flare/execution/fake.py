@@ -1,0 +1,202 @@
+"""FakeExecutor: the executor interface over a model-free program interpreter.
+
+For scheduler tests and host-overhead benchmarks (no torch). It applies uploads
+to host copies of the contract's buffers and runs each graph kind with the
+same record semantics as the real step programs, using a toy "model" that
+still depends on the paged KV contents: a token written at position p lands in
+page ``page_table[p // 64]`` offset ``p % 64``, and a sampled token is a hash
+of every token read back through the page table. Wrong page tables, missing
+restores or replayed positions therefore change the tokens, just as they
+would with a real model. Snapshot rows hold a copy of the tail page and the
+position, so restores are checked too.
+
+Completions are produced synchronously at submit (``poll`` returns them in
+order) unless ``manual=True``, in which case :meth:`step` releases them.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ExecutionError
+from ..model.contract import (
+    REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION,
+    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, PreparedContract,
+)
+from .base import ExecutionCompletion, Upload
+
+FRAMES = 2
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def toy_token(history: np.ndarray, vocab: int, salt: int = 0) -> int:
+    """A deterministic function of the whole consumed history (FNV-style)."""
+    h = 1469598103934665603 ^ salt
+    for t in history.tolist():
+        h = ((h ^ (t + 1)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return int(h % vocab)
+
+
+class FakeExecutor:
+    def __init__(self, contract: PreparedContract, *, duration_ns: int = 1_000_000, manual: bool = False,
+                 eos_token: int | None = None, eos_every: int = 0):
+        self.contract = contract
+        self.duration_ns = duration_ns
+        self.manual = manual
+        self.eos_token = eos_token
+        self.eos_every = eos_every  # every n-th generated token is EOS (0: never)
+        self.buffers = {b.name: np.zeros(b.shape, dtype=b.dtype) for b in contract.buffers()
+                        if b.role in ("slot", "step")}
+        s1 = contract.max_active + 1
+        self.kv = np.full((contract.num_pages + 1, contract.page_tokens), -1, dtype=np.int64)
+        self.snap_page = np.full((contract.num_snapshot_rows + 1, contract.page_tokens), -1, dtype=np.int64)
+        self.snap_length = np.zeros(contract.num_snapshot_rows + 1, dtype=np.int64)
+        self.records = np.zeros((s1, RECORD_FIELDS), dtype=np.int64)
+        self._queue: collections.deque[ExecutionCompletion] = collections.deque()
+        self._ready = 0
+        self._next_fence = 1
+        self._completed_fence = 0
+        self.poison: BaseException | None = None
+        self.fail_at_fence: int | None = None
+        self.submissions: list[tuple[int, GraphKind, int]] = []  # (fence, kind, upload bytes)
+        self.closed = False
+
+    @property
+    def next_fence(self) -> int:
+        return self._next_fence
+
+    @property
+    def completed_fence(self) -> int:
+        return self._completed_fence
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._queue)
+
+    def can_submit(self) -> bool:
+        return len(self._queue) < FRAMES and self.poison is None and not self.closed
+
+    def submit(self, graph_index: int, uploads: Sequence[Upload]) -> int:
+        if self.poison is not None:
+            raise ExecutionError(f"executor is poisoned: {self.poison}")
+        if len(self._queue) >= FRAMES:
+            raise ExecutionError("both frames are in flight; poll before submitting again")
+        graph = self.contract.graphs[graph_index]
+        fence = self._next_fence
+        self._next_fence += 1
+        size = 0
+        for name, offset, data in uploads:
+            view = self.buffers[name].reshape(-1).view(np.uint8)
+            raw = np.frombuffer(bytes(data), dtype=np.uint8)
+            view[offset:offset + raw.size] = raw
+            size += raw.size
+        self.submissions.append((fence, graph.kind, size))
+        error = None
+        if self.fail_at_fence == fence:
+            error = ExecutionError(f"injected failure at fence {fence}")
+            self.poison = error
+        else:
+            self._run(graph)
+        self._queue.append(ExecutionCompletion(fence, graph_index, self.records.copy(),
+                                               np.zeros((1, 1), np.float32), np.zeros((1, 1), np.int64),
+                                               self.duration_ns, error))
+        if not self.manual:
+            self._ready = len(self._queue)
+        return fence
+
+    def step(self, count: int = 1) -> None:
+        """Manual mode: let the next ``count`` submissions complete."""
+        self._ready = min(len(self._queue), self._ready + count)
+
+    def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
+        if not self._ready:
+            if timeout:
+                time.sleep(min(timeout, 0.001))
+            return None
+        self._ready -= 1
+        done = self._queue.popleft()
+        self._completed_fence = done.fence
+        return done
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- toy programs ----------------------------------------------------------
+
+    def _history(self, slot: int, length: int) -> np.ndarray:
+        table = self.buffers["slot.page_table"][slot]
+        p = self.contract.page_tokens
+        pos = np.arange(length)
+        return self.kv[table[pos // p], pos % p]
+
+    def _write(self, slot: int, position: int, token: int) -> None:
+        p = self.contract.page_tokens
+        page = self.buffers["slot.page_table"][slot][position // p]
+        self.kv[page, position % p] = token
+
+    def _sample(self, slot: int) -> None:
+        b = self.buffers
+        length = int(b["slot.position"][slot])
+        token = toy_token(self._history(slot, length), self.contract.vocab_size, int(b["slot.seed"][slot]))
+        b["slot.generated"][slot] += 1
+        if self.eos_token is not None and self.eos_every and b["slot.generated"][slot] % self.eos_every == 0:
+            token = self.eos_token
+        b["slot.token"][slot] = token
+
+    def _record(self, slot: int, kind: GraphKind, sampled: bool) -> None:
+        b = self.buffers
+        rec = self.records[slot]
+        rec[:] = 0
+        rec[REC_SLOT] = slot
+        rec[REC_GENERATION] = b["slot.generation"][slot]
+        rec[REC_CONSUMED] = b["slot.position"][slot]
+        rec[REC_GENERATED] = b["slot.generated"][slot]
+        rec[REC_KIND] = int(kind)
+        rec[REC_NEW_TOKENS] = int(sampled)
+        rec[REC_FLAGS] = REC_FLAG_PARTICIPATED | (REC_FLAG_SAMPLED if sampled else 0)
+        rec[REC_TOKEN0] = b["slot.token"][slot]
+
+    def _run(self, graph) -> None:
+        b = self.buffers
+        p = self.contract.page_tokens
+        rows = [int(s) for s in b["step.slots"][:graph.batch]]
+        for i, slot in enumerate(rows):
+            if slot == 0:
+                continue
+            kind = graph.kind
+            sampled = False
+            if kind == GraphKind.PREFILL:
+                n = int(b["step.num_tokens"][i])
+                pos = int(b["slot.position"][slot])
+                for j in range(n):
+                    self._write(slot, pos + j, int(b["step.tokens"][i, j]))
+                b["slot.position"][slot] = pos + n
+                if b["step.sample"][i]:
+                    self._sample(slot)
+                    sampled = True
+            elif kind == GraphKind.DECODE:
+                pos = int(b["slot.position"][slot])
+                self._write(slot, pos, int(b["slot.token"][slot]))
+                b["slot.position"][slot] = pos + 1
+                self._sample(slot)
+                sampled = True
+            elif kind == GraphKind.SNAPSHOT:
+                row = int(b["step.snapshot_rows"][i])
+                length = int(b["slot.position"][slot])
+                page = b["slot.page_table"][slot][length // p]
+                self.snap_page[row] = self.kv[page]
+                self.snap_length[row] = length
+            elif kind == GraphKind.RESTORE:
+                row = int(b["step.snapshot_rows"][i])
+                length = int(self.snap_length[row])
+                page = b["slot.page_table"][slot][length // p]
+                self.kv[page] = self.snap_page[row]
+                b["slot.position"][slot] = length
+            elif kind == GraphKind.RESUME:
+                self._sample(slot)
+                sampled = True
+            self._record(slot, kind, sampled)

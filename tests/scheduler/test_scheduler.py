@@ -1,0 +1,341 @@
+"""RequestScheduler with a fake executor and a fake clock (no torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from flare.execution.fake import FakeExecutor
+from flare.model.contract import REC_GENERATION, GraphKind
+from flare.model.inputs import pack_step
+from flare.scheduler.errors import CapacityError, CompletionError, StalePlanError
+from flare.scheduler.plan import Phase
+from flare.scheduler.scheduler import RequestScheduler
+
+from .driver import IDENTITY, Driver, contract, params, prompt
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(**kw):
+    clock = Clock()
+    c = contract(**{k: v for k, v in kw.items() if k in ("max_active", "context", "chunk", "pages", "rows")})
+    sched = RequestScheduler(c, IDENTITY, clock=clock, eos_token_ids=kw.get("eos", ()))
+    ex = FakeExecutor(c, manual=kw.get("manual", False), eos_token=kw.get("eos_token"),
+                      eos_every=kw.get("eos_every", 0))
+    return sched, ex, Driver(sched, ex), clock
+
+
+def tokens(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1000, n)
+
+
+def alone(p, max_tokens, seed=0, endpoints=()):
+    sched, ex, d, _ = make(context=4096, pages=300)
+    rid = sched.submit(prompt(p, endpoints), params(max_tokens), seed)
+    d.run()
+    return d.tokens[rid]
+
+
+def test_scheduler_imports_no_torch():
+    code = "import sys, flare.scheduler.scheduler, flare.execution.fake; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_concurrent_requests_match_solo_runs():
+    sched, ex, d, _ = make(max_active=4, pages=200)
+    specs = [(tokens(i, n), m) for i, (n, m) in enumerate([(10, 5), (300, 12), (64, 3), (130, 20), (777, 7), (1, 9)])]
+    rids = [sched.submit(prompt(p), params(m), 7) for p, m in specs]
+    d.run()
+    for rid, (p, m) in zip(rids, specs):
+        assert d.tokens[rid] == alone(p, m, 7)
+        assert d.ended[rid].reason == "length"
+    assert sched.num_live == 0 and sched.slots.num_free == 4 and sched.reserved_pages == 0
+
+
+def test_slot_and_generation_reuse():
+    sched, ex, d, _ = make(max_active=1)
+    handles = []
+    for i in range(3):
+        rid = sched.submit(prompt(tokens(i, 20)), params(2), 0)
+        sched.plan  # noqa: B018 - admission happens in plan()
+        d.run()
+        handles.append(d.steps[-1].rows[0].handle)
+    assert [h.slot for h in handles] == [1, 1, 1]
+    assert len({h.generation for h in handles}) == 3 and all(h.generation > 0 for h in handles)
+
+
+def test_plan_invalidated_by_mutation_not_by_unrelated_admission():
+    sched, ex, d, _ = make(max_active=2, manual=True)
+    a = sched.submit(prompt(tokens(1, 10)), params(4), 0)
+    plan = sched.plan()
+    assert plan.kind == GraphKind.INITIALIZE and plan.rows[0].rid == a
+    sched.submit(prompt(tokens(2, 10)), params(4), 0)  # unrelated admission
+    sched.plan()  # admits the second request; plan is not committed
+    step = sched.commit(plan, ex.next_fence)  # still valid
+    ex.submit(plan.graph_index, pack_step(d.inputs, step))
+    ex.step()
+    done = ex.poll()
+    sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+    # a mutation of the selected request invalidates a plan made before it
+    stale = sched.plan()
+    sched.cancel(stale.rows[0].rid)
+    with pytest.raises(StalePlanError):
+        sched.commit(stale, ex.next_fence)
+
+
+def test_commit_rejects_foreign_plans_and_old_fences():
+    sched, ex, d, _ = make()
+    other = RequestScheduler(sched.contract, IDENTITY)
+    other.submit(prompt(tokens(1, 10)), params(2), 0)
+    with pytest.raises(StalePlanError, match="another scheduler"):
+        sched.commit(other.plan(), 1)
+    sched.submit(prompt(tokens(1, 10)), params(2), 0)
+    plan = sched.plan()
+    sched.commit(plan, 5)
+    assert sched.plan() is None  # INITIALIZE in flight: only decodes may share the window
+    again = RequestScheduler(sched.contract, IDENTITY)
+    again.submit(prompt(tokens(1, 10)), params(2), 0)
+    p2 = again.plan()
+    again.commit(p2, 3)
+    with pytest.raises(StalePlanError, match="fence"):
+        again.commit(p2, 3)
+
+
+def test_complete_validates_before_mutating():
+    sched, ex, d, _ = make(manual=True)
+    sched.submit(prompt(tokens(1, 10)), params(2), 0)
+    plan = sched.plan()
+    step = sched.commit(plan, ex.next_fence)
+    ex.submit(plan.graph_index, pack_step(d.inputs, step))
+    ex.step()
+    done = ex.poll()
+    bad = done.records.copy()
+    bad[step.rows[0].handle.slot, REC_GENERATION] += 1
+    with pytest.raises(CompletionError, match="generation"):
+        sched.complete(done.fence, done.graph_index, bad, done.duration_ns)
+    with pytest.raises(CompletionError, match="fence"):
+        sched.complete(done.fence + 1, done.graph_index, done.records, done.duration_ns)
+    assert len(sched.inflight) == 1  # nothing changed
+    sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+    assert not sched.inflight
+    with pytest.raises(CompletionError):  # a repeated completion
+        sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+
+
+def test_repeated_terminal_completion_never_emits_twice():
+    """A pipelined decode references a request that ended in the step before it:
+    the second completion is validated but emits nothing."""
+    sched, ex, d, _ = make(manual=True, eos=(999,), eos_token=999, eos_every=2)
+    sched.submit(prompt(tokens(2, 10)), params(4), 0)  # measure prefill and decode first
+    for _ in range(100):
+        d.pump()
+        ex.step(2)
+    rid = sched.submit(prompt(tokens(3, 10)), params(50), 0)
+    for _ in range(200):
+        d.pump()
+        ex.step(2)
+        if rid in d.ended and not sched.inflight:
+            break
+    assert len(d.tokens[rid]) == 2 and d.tokens[rid][1] == 999
+    assert d.ended[rid].reason == "stop"
+    end_fence = next(r.fence for r in d.results if any(e.rid == rid for e in r.ended))
+    later = [s for s in d.steps if s.fence > end_fence and any(r.rid == rid for r in s.rows)]
+    assert later and later[0].plan.kind == GraphKind.DECODE, "expected a pipelined decode after the EOS"
+
+
+def test_cancel_holds_resources_until_fence():
+    sched, ex, d, _ = make(manual=True, max_active=1)
+    rid = sched.submit(prompt(tokens(4, 100)), params(50), 0)
+    for _ in range(6):
+        d.pump()
+        ex.step()
+    d.pump()
+    assert sched.inflight, "a step must be in flight"
+    req = sched.live[rid]
+    private = list(req.pages[req.private_from:])
+    sched.cancel(rid)
+    assert rid in sched.live and sched.slots.num_free == 0  # still owned
+    assert not any(p in sched.pages._free_set for p in private)
+    assert sched.plan() is None or all(r.rid != rid for r in sched.plan().rows)
+    while sched.inflight:
+        ex.step()
+        d.pump()
+    assert rid not in sched.live and sched.slots.num_free == 1
+    assert all(p in sched.pages._free_set for p in private)
+
+
+def _warm(sched, d, n=600):
+    """Measure prefill/snapshot graphs so extra checkpoints can be afforded."""
+    sched.submit(prompt(tokens(99, n), [n // 2]), params(2), 0)
+    d.run()
+
+
+def test_prefix_reuse_across_requests_sharing_a_system_prompt():
+    sched, ex, d, clock = make(pages=200, chunk=256, context=2048)
+    _warm(sched, d)
+    system = tokens(5, 1000)
+    first = np.concatenate([system, tokens(6, 30)])
+    second = np.concatenate([system, tokens(7, 40)])
+    r1 = sched.submit(prompt(first, [1000]), params(4), 0)
+    d.run()
+    before = sched.cache.counters().reused_tokens
+    r2 = sched.submit(prompt(second, [1000]), params(4), 0)
+    d.run()
+    counters = sched.cache.counters()
+    assert counters.reused_tokens - before == 1000
+    assert d.tokens[r2] == alone(second, 4, 0)
+    prefill2 = [s for s in d.steps if any(r.rid == r2 for r in s.rows) and s.plan.kind == GraphKind.PREFILL]
+    assert sum(s.rows[0].num_tokens for s in prefill2) == 40
+
+
+def test_message_boundary_checkpoints_stop_prefill():
+    sched, ex, d, _ = make(pages=100, chunk=256, context=2048)
+    _warm(sched, d)
+    p = tokens(8, 700)
+    rid = sched.submit(prompt(p, [150, 400, 650]), params(2), 0)
+    d.run()
+    mine = [s for s in d.steps if any(r.rid == rid for r in s.rows)]
+    ends = [s.rows[0].start + s.rows[0].num_tokens for s in mine if s.plan.kind == GraphKind.PREFILL]
+    assert 650 in ends  # the anchor: the last message boundary
+    snapshots = [s for s in mine if s.plan.kind == GraphKind.SNAPSHOT]
+    assert snapshots and sched.cache.counters().publications >= 2
+    # a later request with the same first three messages reuses up to the anchor
+    r2 = sched.submit(prompt(np.concatenate([p[:650], tokens(9, 20)]), [150, 400, 650]), params(2), 0)
+    d.run()
+    assert sched.cache.counters().reused_tokens >= 650
+    assert d.ended[r2].reason == "length"
+
+
+def test_full_prompt_hit_restores_and_resumes():
+    sched, ex, d, _ = make()
+    p = tokens(10, 170)
+    r1 = sched.submit(prompt(p), params(5), 3)
+    d.run()
+    r2 = sched.submit(prompt(p), params(5), 3)
+    d.run()
+    kinds = [s.plan.kind for s in d.steps if any(r.rid == r2 for r in s.rows)]
+    assert GraphKind.PREFILL not in kinds and GraphKind.RESUME in kinds
+    assert d.tokens[r2] == d.tokens[r1]
+
+
+def test_eviction_under_page_pressure():
+    sched, ex, d, _ = make(pages=24, rows=6, max_active=1)
+    results = {}
+    for i in range(8):  # each leaves ~5 pages cached; the pool holds 24
+        p = tokens(20 + i, 300)
+        rid = sched.submit(prompt(p), params(3), 0)
+        d.run()
+        results[rid] = (p, d.tokens[rid])
+        assert d.ended[rid].reason == "length"
+    counters = sched.cache.counters()
+    assert counters.evictions > 0
+    assert counters.cached_pages + sched.pages.num_free + sched.pages.num_retiring == 24
+    for rid, (p, toks) in list(results.items())[-2:]:
+        assert toks == alone(p, 3)
+
+
+def test_request_larger_than_the_cache_is_rejected():
+    sched, _, _, _ = make(pages=4, context=1024)
+    with pytest.raises(CapacityError):
+        sched.submit(prompt(tokens(1, 300)), params(10), 0)
+    with pytest.raises(CapacityError, match="context"):
+        sched.submit(prompt(tokens(1, 1000)), params(100), 0)
+
+
+def test_fairness_no_starvation():
+    """A long prompt still progresses while many requests decode, and decoders keep decoding."""
+    sched, ex, d, clock = make(max_active=8, pages=400, context=4096, chunk=256)
+    _warm(sched, d)
+    decoders = [sched.submit(prompt(tokens(30 + i, 20)), params(400), i) for i in range(6)]
+    for _ in range(40):
+        d.pump()
+    long_rid = sched.submit(prompt(tokens(50, 3000)), params(2), 0)
+    gaps = []
+    last_long = None
+    for i in range(3000):
+        d.pump()
+        clock.now += 0.001
+        steps = d.steps
+        if steps and any(r.rid == long_rid for r in steps[-1].rows):
+            if last_long is not None:
+                gaps.append(len(steps) - last_long)
+            last_long = len(steps)
+        if long_rid in d.ended:
+            break
+    assert long_rid in d.ended, "the long prompt starved"
+    assert max(gaps) < 60
+    assert all(len(d.tokens[r]) > 40 for r in decoders), "decoders starved during the long prefill"
+
+
+def test_timing_staleness_and_refresh_budget():
+    sched, ex, d, clock = make(pages=200)
+    _warm(sched, d)
+    t = sched.timing
+    g = sched.contract.graph(GraphKind.DECODE, 1).index
+    assert t.is_measured(g) and not t.is_stale(g, clock.now)
+    clock.now += 31
+    assert t.is_stale(g, clock.now) and t.estimate_ns(g) > 0  # stale but still available
+    old = t.estimate_ns(g)
+    t.observe(g, old * 3, clock.now)
+    assert t.estimate_ns(g) == old * 3 and not t.is_stale(g, clock.now)  # replaced outright
+    # credit: 0.002/0.998 of measured time, capped at 5 ms; a refresh pays its estimate
+    t.credit_ns = 0
+    for _ in range(10):
+        t.observe(g, 1_000_000_000, clock.now)
+    assert t.credit_ns == pytest.approx(t.credit_cap_ns)
+    assert t.has_full_credit
+    t.pay_refresh(g)
+    assert not t.has_full_credit
+    t.idle()
+    assert t.credit_ns <= 0
+
+
+def test_stale_dispatch_drains_the_window_and_refreshes():
+    sched, ex, d, clock = make(pages=200, manual=True)
+    sched.submit(prompt(tokens(61, 10)), params(200), 1)
+    for _ in range(30):
+        d.pump()
+        ex.step()
+    assert len(sched.inflight) == 2  # measured decodes pipeline two frames
+    ex.step(2)
+    while (done := ex.poll()) is not None:  # drain without submitting more
+        sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+    clock.now += 31  # the decode estimate is stale now
+    d.pump()
+    assert len(sched.inflight) == 1 and sched.inflight[0].plan.is_refresh
+    assert sched.plan() is None  # a stale dispatch runs alone
+    ex.step()
+    d.pump()
+    g = sched.inflight[0].plan.graph_index
+    assert not sched.timing.is_stale(g, clock.now)
+
+
+def test_funded_refresh_displaces_the_winner():
+    sched, _, d, clock = make(pages=200)
+    t = sched.timing
+    dec = sched.contract.graph(GraphKind.DECODE, 1)
+    pre = sched.contract.graph(GraphKind.PREFILL, 1, 64)
+    t.observe(dec.index, 1_000_000, clock.now - 40)
+    t.observe(pre.index, 1_000_000, clock.now - 40)  # both observed 40 s ago
+    t.observe(dec.index, 1_000_000, clock.now)  # the decode is fresh again
+    candidates = [(GraphKind.DECODE, dec, [], 1000.0), (GraphKind.PREFILL, pre, [], 10.0)]
+    t.credit_ns = 0
+    plan = sched._select(candidates, clock.now)
+    assert plan.kind == GraphKind.DECODE and not plan.is_refresh
+    t.credit_ns = t.credit_cap_ns
+    plan = sched._select(candidates, clock.now)
+    assert plan.kind == GraphKind.PREFILL and plan.is_refresh
+    assert not t.has_full_credit  # another refresh waits for full credit
+    plan = sched._select(candidates, clock.now)
+    assert plan.kind == GraphKind.DECODE
