@@ -86,8 +86,10 @@ cdef enum Opc:
     SKIP_IF_UNBOUND = 42
     LOAD_UNDEFINED = 43
     RAISE = 44
+    CHAIN_ADD = 45
+    EMIT_CHAIN = 46
 
-OPCODE_COUNT = 45
+OPCODE_COUNT = 47
 
 # Name -> number of every opcode, for the consistency test against opcodes.Op.
 OPCODES = {
@@ -136,6 +138,8 @@ OPCODES = {
     "SKIP_IF_UNBOUND": SKIP_IF_UNBOUND,
     "LOAD_UNDEFINED": LOAD_UNDEFINED,
     "RAISE": RAISE,
+    "CHAIN_ADD": CHAIN_ADD,
+    "EMIT_CHAIN": EMIT_CHAIN,
 }
 
 # Filter and test numbering: codegen resolves names through these tuples.
@@ -906,12 +910,176 @@ cdef object _escape(object v):
                   .replace("'", "&#39;").replace('"', "&#34;"))
 
 
+# ---------------------------------------------------------------- tojson
+#
+# Transformers' tojson filter is json.dumps(x, ensure_ascii=False, indent=None,
+# separators=None, sort_keys=False). This encoder produces the same bytes (same
+# separators, indentation, key conversion, float/int repr, string escapes, error
+# messages) without building a JSONEncoder per call, and appends clean strings
+# without copying them.
+
+from json.encoder import encode_basestring as _py_encode_str
+from json.encoder import encode_basestring_ascii as _py_encode_str_ascii
+
+cdef int _JSON_MAX_DEPTH = 900
+
+
+cdef inline bint _json_clean(str s):
+    """True when ``s`` needs no JSON escaping (no quote, backslash or control char)."""
+    cdef Py_ssize_t i, n = PyUnicode_GET_LENGTH(s)
+    cdef int kind = PyUnicode_KIND(s)
+    cdef void* data = PyUnicode_DATA(s)
+    cdef Py_UCS4 c
+    for i in range(n):
+        c = PyUnicode_READ(kind, data, i)
+        if c < 0x20 or c == 0x22 or c == 0x5c:
+            return False
+    return True
+
+
+cdef class _JsonEncoder:
+    cdef bint ensure_ascii
+    cdef object indent      # None or the indent unit string
+    cdef str item_sep
+    cdef str key_sep
+    cdef bint sort_keys
+    cdef list out
+
+    cdef int string(self, str s) except -1:
+        if self.ensure_ascii:
+            self.out.append(_py_encode_str_ascii(s))
+        elif _json_clean(s):
+            self.out.append('"')
+            self.out.append(s)
+            self.out.append('"')
+        else:
+            self.out.append(_py_encode_str(s))
+        return 0
+
+    cdef int value(self, object o, int level) except -1:
+        if o is None:
+            self.out.append("null")
+        elif o is True:
+            self.out.append("true")
+        elif o is False:
+            self.out.append("false")
+        elif isinstance(o, str):
+            self.string(o)
+        elif isinstance(o, int):
+            self.out.append(int.__repr__(o))
+        elif isinstance(o, float):
+            self.out.append(_json_float(o))
+        elif isinstance(o, (list, tuple)):
+            self.array(o, level)
+        elif isinstance(o, dict):
+            self.mapping(o, level)
+        else:
+            raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
+        return 0
+
+    cdef int array(self, object seq, int level) except -1:
+        cdef str sep
+        cdef bint first = True
+        if not seq:
+            self.out.append("[]")
+            return 0
+        if level >= _JSON_MAX_DEPTH:
+            raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
+        self.out.append("[")
+        sep = self.item_sep
+        if self.indent is not None:
+            newline = "\n" + self.indent * (level + 1)
+            sep = self.item_sep + newline
+            self.out.append(newline)
+        for item in seq:
+            if not first:
+                self.out.append(sep)
+            first = False
+            self.value(item, level + 1)
+        if self.indent is not None:
+            self.out.append("\n" + self.indent * level)
+        self.out.append("]")
+        return 0
+
+    cdef int mapping(self, dict d, int level) except -1:
+        cdef str sep
+        cdef bint first = True
+        if not d:
+            self.out.append("{}")
+            return 0
+        if level >= _JSON_MAX_DEPTH:
+            raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
+        self.out.append("{")
+        sep = self.item_sep
+        if self.indent is not None:
+            newline = "\n" + self.indent * (level + 1)
+            sep = self.item_sep + newline
+            self.out.append(newline)
+        items = sorted(d.items()) if self.sort_keys else d.items()
+        for key, item in items:
+            if isinstance(key, str):
+                pass
+            elif isinstance(key, float):
+                key = _json_float(key)
+            elif key is True:
+                key = "true"
+            elif key is False:
+                key = "false"
+            elif key is None:
+                key = "null"
+            elif isinstance(key, int):
+                key = int.__repr__(key)
+            else:
+                raise TypeError(f"keys must be str, int, float, bool or None, "
+                                f"not {key.__class__.__name__}")
+            if not first:
+                self.out.append(sep)
+            first = False
+            self.string(key)
+            self.out.append(self.key_sep)
+            self.value(item, level + 1)
+        if self.indent is not None:
+            self.out.append("\n" + self.indent * level)
+        self.out.append("}")
+        return 0
+
+
+cdef str _json_float(object o):
+    if o != o:
+        return "NaN"
+    if o == float("inf"):
+        return "Infinity"
+    if o == float("-inf"):
+        return "-Infinity"
+    return float.__repr__(o)
+
+
 cdef object _tojson(object v, tuple args, dict kwargs):
-    cdef list a = _bind("tojson", args, kwargs,
-                        ("ensure_ascii", "indent", "separators", "sort_keys"),
-                        (False, None, None, False))
-    return _guard_size(json.dumps(v, ensure_ascii=a[0], indent=a[1], separators=a[2],
-                                  sort_keys=a[3]))
+    cdef list a
+    cdef _JsonEncoder enc = _JsonEncoder.__new__(_JsonEncoder)
+    if args or kwargs:
+        a = _bind("tojson", args, kwargs,
+                  ("ensure_ascii", "indent", "separators", "sort_keys"),
+                  (False, None, None, False))
+    else:
+        a = [False, None, None, False]
+    indent = a[1]
+    if indent is not None and not isinstance(indent, str):
+        indent = " " * indent
+    enc.ensure_ascii = bool(a[0])
+    enc.indent = indent
+    if a[2] is not None:
+        enc.item_sep, enc.key_sep = a[2]
+    elif indent is not None:
+        enc.item_sep, enc.key_sep = ",", ": "
+    else:
+        enc.item_sep, enc.key_sep = ", ", ": "
+    enc.sort_keys = bool(a[3])
+    enc.out = []
+    enc.value(v, 0)
+    if len(enc.out) == 1:
+        return enc.out[0]
+    return _guard_size("".join(enc.out))
 
 
 cdef object _indent(object s, tuple args, dict kwargs):
@@ -1424,6 +1592,9 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
     cdef Py_ssize_t k
     cdef PyObject* pv
     cdef object obj, spec
+    # Output `+` chain state: >0 str pieces pending on the stack, 0 at a chain's
+    # start, -1 once folded into one value (see CHAIN_ADD).
+    cdef Py_ssize_t chain = 0
     while True:
         op = code[2 * pc]
         arg = code[2 * pc + 1]
@@ -1710,6 +1881,45 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             (<list>slots[arg]).append(stack[sp])
         elif op == LOAD_UNDEFINED:
             sp = _push(stack, sp, _undef_hint(consts[arg]))
+        elif op == CHAIN_ADD:
+            v = stack[sp - 1]
+            if chain == 0:
+                a = stack[sp - 2]
+                if type(a) is str and type(v) is str:
+                    chain = 2
+                else:
+                    sp -= 1
+                    stack[sp - 1] = _binary(0, a, v)
+                    chain = -1
+            elif chain > 0:
+                if type(v) is str:
+                    chain += 1
+                else:
+                    a = "".join(stack[sp - 1 - chain:sp - 1])
+                    sp -= chain
+                    stack[sp - 1] = _binary(0, a, v)
+                    chain = -1
+            else:
+                a = stack[sp - 2]
+                sp -= 1
+                stack[sp - 1] = _binary(0, a, v)
+        elif op == EMIT_CHAIN:
+            if chain > 0:
+                for k in range(sp - chain, sp):
+                    v = stack[k]
+                    out.append(v)
+                    st.out_chars += PyUnicode_GET_LENGTH(v)
+                sp -= chain
+            else:
+                sp -= 1
+                v = stack[sp]
+                if type(v) is not str:
+                    v = "" if type(v) is Undefined else str(v)
+                out.append(v)
+                st.out_chars += PyUnicode_GET_LENGTH(v)
+            chain = 0
+            if st.out_chars > MAX_OUTPUT:
+                raise FrontendError(f"template output exceeded {MAX_OUTPUT} characters")
         elif op == RAISE:
             raise FrontendError(consts[arg])
         elif op == NOP:

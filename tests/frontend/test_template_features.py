@@ -133,6 +133,22 @@ CASES = [
     "{{ dict(a=1, b=2) }}{{ dict(a=1).a }}", "{{ strftime_now('%Y') | length }}",
     "{% set j = joiner('|') %}{% for x in xs %}{{ j() }}{{ x }}{% endfor %}",
     "{% set c = cycler('a', 'b') %}{{ c.next() }}{{ c.next() }}{{ c.next() }}{{ c.current }}",
+    # output chains (`+` pieces kept apart until a non-str operand appears)
+    "{{ 'a' + s + 'b' + e }}", "{{ 'a' + 'b' + n }}", "{{ n + 1 + 2 }}", "{{ 'a' + zz + 'b' }}",
+    "{{ xs + [4] + [5] }}", "{{ 'x' + ('<' | safe) + '<' }}", "{{ ('<' | safe) + '<' + '>' }}",
+    "{{ 'a' + 'b' + xs }}", "{{ 1 + 2 + 'c' }}", "{{ 'a' ~ zz ~ 1 ~ none ~ xs }}",
+    "{{ 'p' + messages[0].content + '|' + messages[1]['content'] + '\n' }}",
+    # tojson details
+    "{{ {'a': [1, {'b': []}, {}], 'c': 'x'} | tojson(indent=2) }}",
+    "{{ {'a': [1, 2]} | tojson(indent='\t') }}{{ [[]] | tojson(indent=0) }}",
+    "{{ {2: 'i', 1.5: 'f', true: 't', none: 'n', 'k': 1} | tojson }}",
+    "{{ {'b': 1, 'a': {'d': 1, 'c': 2}} | tojson(sort_keys=true, indent=1) }}",
+    "{{ {1: 'a', 'b': 2} | tojson(sort_keys=true) }}", "{{ {(1, 2): 3} | tojson }}",
+    r"""{{ ['\u0001\b\f\n\r\t"\\/', 'é😀\u2028'] | tojson }}""",
+    "{{ 'é😀' | tojson(ensure_ascii=true) }}{{ (1, 2.0, -0.0, 1e300, 1e-7) | tojson }}",
+    "{{ [1, 2] | tojson(separators=[';', '=']) }}{{ {'a': 1} | tojson(indent=2, separators=(',', ':')) }}",
+    "{{ 3 | tojson }}{{ 'str' | tojson }}{{ true | tojson }}{{ d | tojson(true) }}",
+    "{% set ns = namespace(a=1) %}{{ ns | tojson }}", "{{ loop | tojson }}",
     # whitespace control
     "a  \n  {% if t %}\n  x\n  {% endif %}\n  b", "a  {%- if t -%}  x  {%- endif -%}  b",
     "  {%+ if t %}x{% endif +%}\n", "a\n  {{ n }}  \n  {#- c #}\nb", "{% if t %}\r\nx\r\n{% endif %}\r\n",

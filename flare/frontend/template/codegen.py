@@ -88,6 +88,18 @@ def _uses_name(node, name: str) -> bool:
     return False
 
 
+def _spine(node: n.BinOp) -> list:
+    """Operands of a left-nested chain of one operator (a + b + c), in evaluation order."""
+    op = node.op
+    operands = []
+    while isinstance(node, n.BinOp) and node.op == op:
+        operands.append(node.right)
+        node = node.left
+    operands.append(node)
+    operands.reverse()
+    return operands
+
+
 class CodeGen:
     def __init__(self, source: Source):
         self.source = source
@@ -185,20 +197,45 @@ class CodeGen:
 
     def stmt_Output(self, node: n.Output) -> None:
         text: list[str] = []
-        for item in node.nodes:
-            if isinstance(item, str):
-                text.append(item)
-                continue
-            if isinstance(item, n.Const) and type(item.value) in (str, int, bool, type(None)):
-                text.append(str(item.value))  # {{ 'literal' }}: folded into the text
-                continue
+
+        def flush():
             if text:
                 self.emit(Op.EMIT_CONST, self.const("".join(text)))
                 text.clear()
-            self.expr(item)
-            self.emit(Op.EMIT)
-        if text:
-            self.emit(Op.EMIT_CONST, self.const("".join(text)))
+
+        def foldable(item) -> bool:
+            return isinstance(item, n.Const) and type(item.value) in (str, int, bool, type(None))
+
+        for item in node.nodes:
+            if isinstance(item, str):
+                text.append(item)
+            elif foldable(item):
+                text.append(str(item.value))  # {{ 'literal' }}: folded into the text
+            elif isinstance(item, n.BinOp) and item.op in ("+", "~"):
+                operands = _spine(item)
+                if item.op == "~":
+                    # str(a) ~ str(b) printed equals printing each operand in turn.
+                    for operand in operands:
+                        if foldable(operand):
+                            text.append(str(operand.value))
+                        else:
+                            flush()
+                            self.expr(operand)
+                            self.emit(Op.EMIT)
+                else:
+                    # `+` chains keep string operands as separate output pieces; the
+                    # VM folds them with real `+` as soon as one operand is not a str.
+                    flush()
+                    self.expr(operands[0])
+                    for operand in operands[1:]:
+                        self.expr(operand)
+                        self.emit(Op.CHAIN_ADD)
+                    self.emit(Op.EMIT_CHAIN)
+            else:
+                flush()
+                self.expr(item)
+                self.emit(Op.EMIT)
+        flush()
 
     def stmt_If(self, node: n.If) -> None:
         saved, self.soft = self.soft, True

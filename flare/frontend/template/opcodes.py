@@ -56,6 +56,8 @@ class Op(enum.IntEnum):
     SKIP_IF_UNBOUND = 42   # macro prologue: when slot arg has no value, skip the next instruction
     LOAD_UNDEFINED = 43    # push an undefined whose error message is consts[arg]
     RAISE = 44             # fail the render with message consts[arg] (unknown filter in an if)
+    CHAIN_ADD = 45         # `+` in an output chain: keep str operands as pieces, else really add
+    EMIT_CHAIN = 46        # append the chain's pieces (or its folded value) to the output
 
 
 class BinaryOp(enum.IntEnum):
