@@ -1,0 +1,194 @@
+"""The frontend's tokenizer: Hugging Face ``tokenizers`` plus offsets and incremental decoding.
+
+:class:`Tokenizer` wraps one ``tokenizers.Tokenizer`` parsed from tokenizer.json
+bytes. Besides encode/decode it gives token character offsets that are never
+trimmed (message endpoints are cut where no token straddles a position, so a
+post-processor that trims whitespace from offsets would hide straddling
+tokens), and the raw bytes of a single token for logprobs.
+
+:class:`IncrementalDecoder` turns generated token ids into text as they arrive.
+It decodes a short window of recent tokens and emits only what the newest
+tokens added, holding text back while it ends in an incomplete UTF-8 sequence
+(U+FFFD from a partial byte-level or byte-fallback token). The concatenation
+of everything :meth:`IncrementalDecoder.push` and :meth:`IncrementalDecoder.flush`
+return equals one full decode of the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Iterable, Sequence
+
+import numpy as np
+import tokenizers
+
+from ..errors import FrontendError
+
+REPLACEMENT = "\ufffd"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as a printable character."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars)))
+
+
+_UNICODE_TO_BYTE = {char: byte for byte, char in _bytes_to_unicode().items()}
+
+
+def _decoder_kinds(config: dict | None) -> set[str]:
+    """The decoder types a tokenizer.json uses (flattening Sequence decoders)."""
+    if not config:
+        return set()
+    if config.get("type") == "Sequence":
+        kinds: set[str] = set()
+        for item in config.get("decoders", []):
+            kinds |= _decoder_kinds(item)
+        return kinds
+    return {config.get("type", "")}
+
+
+def _trims_offsets(config: dict | None) -> bool:
+    """Whether a post-processor rewrites offsets (ByteLevel/RoBERTa with trim_offsets)."""
+    if not config:
+        return False
+    if config.get("type") == "Sequence":
+        return any(_trims_offsets(item) for item in config.get("processors", []))
+    return config.get("type") in ("ByteLevel", "RobertaProcessing") and bool(config.get("trim_offsets", False))
+
+
+class Tokenizer:
+    """A Hugging Face tokenizer parsed from tokenizer.json bytes. Thread-safe for encode/decode."""
+
+    def __init__(self, data: bytes):
+        try:
+            config = json.loads(data)
+            self._inner = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as exc:  # json, UTF-8 and tokenizers (which raises plain Exception) errors alike
+            raise FrontendError(f"tokenizer.json could not be parsed: {exc}") from None
+        # Offsets come from a copy without the post-processor when that one trims
+        # them; ids are identical without special tokens, which is how chats encode.
+        if _trims_offsets(config.get("post_processor")):
+            self._plain = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+            self._plain.post_processor = None
+        else:
+            self._plain = self._inner
+        decoders = _decoder_kinds(config.get("decoder"))
+        self._byte_level = "ByteLevel" in decoders
+        self._byte_fallback = "ByteFallback" in decoders
+        self._metaspace = "Metaspace" in decoders or "Replace" in decoders
+        added = config.get("added_tokens", [])
+        self.special_ids = frozenset(t["id"] for t in added if t.get("special"))
+        self._added_ids = frozenset(t["id"] for t in added)
+        self.vocab_size = self._inner.get_vocab_size(with_added_tokens=True)
+        self._token_bytes: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._inner
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` applies the tokenizer.json post-processor."""
+        return self._inner.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids int32, starts, ends)``: ids without special tokens and each token's character span."""
+        encoding = self._plain.encode(text, add_special_tokens=False)
+        ids = np.asarray(encoding.ids, dtype=np.int32)
+        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        return ids, offsets[:, 0], offsets[:, 1]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._inner.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._inner.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._inner.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, even when they are not complete UTF-8 (for logprobs)."""
+        cached = self._token_bytes.get(token_id)
+        if cached is not None:
+            return cached
+        token = self._inner.id_to_token(token_id)
+        if token is None:
+            raise FrontendError(f"token id {token_id} is outside the vocabulary of {self.vocab_size}")
+        if token_id in self._added_ids:
+            value = token.encode("utf-8")
+        elif self._byte_level and all(c in _UNICODE_TO_BYTE for c in token):
+            value = bytes(_UNICODE_TO_BYTE[c] for c in token)
+        elif self._byte_fallback and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            value = bytes([int(token[3:5], 16)])
+        elif self._metaspace:
+            value = token.replace("\u2581", " ").encode("utf-8")
+        else:
+            value = self._inner.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        with self._lock:
+            self._token_bytes[token_id] = value
+        return value
+
+    def incremental_decoder(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+
+
+class IncrementalDecoder:
+    """Streams the text of generated tokens; one instance per generation, one thread at a time.
+
+    Each :meth:`push` decodes only the tokens since the last emitted chunk plus
+    the chunk before it as context (so decoders that strip a leading space or
+    join pieces see the same neighbours as a full decode): the cost is
+    O(new tokens), not O(all tokens).
+    """
+
+    __slots__ = ("_tokenizer", "_skip", "_ids", "_read", "_prefix_text", "_num_tokens")
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []  # the window: context tokens, then unread ones
+        self._read = 0  # window[:_read] was already emitted
+        self._prefix_text = ""  # decode(window[:_read])
+        self._num_tokens = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens pushed so far."""
+        return self._num_tokens
+
+    def push(self, token_ids: Iterable[int]) -> str:
+        """Add generated tokens; return the text they completed (may be empty)."""
+        new_ids = [int(t) for t in token_ids]
+        if not new_ids:
+            return ""
+        self._num_tokens += len(new_ids)
+        self._ids.extend(new_ids)
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
+        if text.endswith(REPLACEMENT) or len(text) <= len(self._prefix_text):
+            return ""  # an incomplete character (or nothing visible yet): wait for more bytes
+        delta = text[len(self._prefix_text):]
+        # Slide the window: the tokens just emitted become the next context.
+        del self._ids[:self._read]
+        self._read = len(self._ids)
+        self._prefix_text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
+        return delta
+
+    def flush(self) -> str:
+        """End of generation: return whatever is still held back (incomplete bytes as U+FFFD)."""
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
+        delta = text[len(self._prefix_text):] if len(text) > len(self._prefix_text) else ""
+        self._ids.clear()
+        self._read = 0
+        self._prefix_text = ""
+        return delta

@@ -1,0 +1,147 @@
+"""flare.frontend.tokenizer: encode/decode/offsets/token bytes and the incremental decoder."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flare import fixtures
+from flare.core.gguf_tokenizer import convert_gguf_file
+from flare.errors import FrontendError
+from flare.frontend.tokenizer import IncrementalDecoder, Tokenizer
+
+TEXTS = [
+    "Hello world! 😀🦙 нещо на Български 中文字符日本語 한국어",
+    "Äpfel e\u0301 résumé — ½ months… 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "   leading spaces\n\n\ttabs   and 1234567 numbers\r\n",
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+]
+# Byte-level BPE, SentencePiece byte fallback, raw-UTF-8 BPE with byte fallback, WordPiece.
+VOCABS = ["llama-spm", "gemma-4", "qwen2", "phi-3", "bert-bge"]
+
+
+def _load(path: Path) -> Tokenizer:
+    return Tokenizer(json.dumps(convert_gguf_file(path).tokenizer_json).encode())
+
+
+@pytest.fixture(scope="module")
+def tokenizers_by_name(fixture_root: Path) -> dict[str, Tokenizer]:
+    out = {"smollm2": _load(fixtures.smollm2_gguf(fixture_root))}
+    for name in VOCABS:
+        out[name] = _load(fixture_root / "vocab" / f"ggml-vocab-{name}.gguf")
+    return out
+
+
+def _stream(decoder: IncrementalDecoder, ids: list[int], cuts: list[int]) -> list[str]:
+    pieces, start = [], 0
+    for cut in cuts + [len(ids)]:
+        pieces.append(decoder.push(ids[start:cut]))
+        start = cut
+    pieces.append(decoder.flush())
+    return pieces
+
+
+@pytest.mark.parametrize("name", ["smollm2", *VOCABS])
+def test_incremental_equals_full_decode_on_random_splits(tokenizers_by_name, name):
+    tokenizer = tokenizers_by_name[name]
+    rng = random.Random(name)
+    for trial in range(60):
+        ids = tokenizer.encode(rng.choice(TEXTS) + rng.choice(TEXTS))
+        if trial % 3 == 0:  # arbitrary ids, including specials and lone byte tokens
+            ids += [rng.randrange(tokenizer.vocab_size) for _ in range(8)]
+        cuts = sorted(rng.sample(range(1, len(ids)), k=min(len(ids) - 1, rng.randint(0, 12))))
+        for skip in (True, False):
+            pieces = _stream(tokenizer.incremental_decoder(skip), ids, cuts)
+            assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet=st.characters(codec="utf-8"), max_size=40), data=st.data())
+def test_incremental_one_token_at_a_time_property(tokenizers_by_name, text, data):
+    for name in ("smollm2", "llama-spm"):
+        tokenizer = tokenizers_by_name[name]
+        ids = tokenizer.encode(text)
+        decoder = tokenizer.incremental_decoder()
+        pieces = [decoder.push([i]) for i in ids] + [decoder.flush()]
+        assert "".join(pieces) == tokenizer.decode(ids)
+        for piece in pieces[:-1]:
+            assert not piece.endswith("\ufffd") or "\ufffd" in text
+
+
+def test_split_multibyte_characters_are_held_back(tokenizers_by_name):
+    tokenizer = tokenizers_by_name["smollm2"]
+    # A rare CJK character: SmolLM2 spells it as three byte-level tokens.
+    ids = tokenizer.encode("龘")
+    assert len(ids) > 1
+    decoder = tokenizer.incremental_decoder()
+    assert [decoder.push([i]) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert decoder.push(ids[-1:]) == "龘"
+    assert decoder.flush() == ""
+    # A generation that stops mid-character flushes the incomplete bytes as U+FFFD, like a full decode.
+    decoder = tokenizer.incremental_decoder()
+    assert decoder.push(ids[:1]) == ""
+    assert decoder.flush() == tokenizer.decode(ids[:1]) == "\ufffd"
+
+
+def test_byte_fallback_pieces_are_held_back(tokenizers_by_name):
+    tokenizer = tokenizers_by_name["llama-spm"]
+    ids = tokenizer.encode("a🦙b")
+    pieces = [tokenizer.id_to_token(i) for i in ids]
+    assert "<0xF0>" in pieces  # the llama is not in the vocabulary: four byte tokens
+    decoder = tokenizer.incremental_decoder()
+    out = [decoder.push([i]) for i in ids]
+    assert out == ["a", "", "", "", "🦙", "b"]
+
+
+def test_special_tokens_skipped_or_kept(tokenizers_by_name):
+    tokenizer = tokenizers_by_name["smollm2"]
+    ids = tokenizer.encode("<|im_start|>assistant\nHi<|im_end|>")
+    assert ids[0] == 1 and ids[-1] == 2
+    decoder = tokenizer.incremental_decoder(skip_special_tokens=True)
+    assert "".join(decoder.push([i]) for i in ids) + decoder.flush() == "assistant\nHi"
+    decoder = tokenizer.incremental_decoder(skip_special_tokens=False)
+    assert "".join(decoder.push([i]) for i in ids) + decoder.flush() == "<|im_start|>assistant\nHi<|im_end|>"
+    assert decoder.num_tokens == len(ids)
+
+
+def test_token_bytes_concatenate_to_the_text(tokenizers_by_name):
+    for name in ("smollm2", "qwen2", "llama-spm", "gemma-4"):
+        tokenizer = tokenizers_by_name[name]
+        text = "Hello world! 😀🦙 нещо 中文"
+        ids = tokenizer.encode(text)
+        joined = b"".join(tokenizer.token_bytes(i) for i in ids)
+        # SentencePiece writes the prefix space as part of the first piece.
+        assert joined.decode("utf-8").lstrip(" ") == text, name
+    smollm2 = tokenizers_by_name["smollm2"]
+    partial = smollm2.encode("龘")
+    assert len(smollm2.token_bytes(partial[0])) < 3  # an incomplete UTF-8 prefix, kept as raw bytes
+    assert smollm2.token_bytes(2) == b"<|im_end|>"
+    with pytest.raises(FrontendError, match="outside the vocabulary"):
+        smollm2.token_bytes(10**7)
+
+
+def test_offsets_are_untrimmed_with_a_trimming_post_processor(tokenizers_by_name):
+    data = json.loads(tokenizers_by_name["smollm2"].backend.to_str())
+    data["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                              "use_regex": True}
+    trimming = Tokenizer(json.dumps(data).encode())
+    text = "Hello   world\n\nagain"
+    ids, starts, ends = trimming.encode_offsets(text)
+    assert ids.tolist() == trimming.encode(text)
+    # Offsets tile the text: each token starts where the previous one ended.
+    assert starts[0] == 0 and ends[-1] == len(text)
+    assert (starts[1:] == ends[:-1]).all()
+    trimmed = trimming.backend.encode(text, add_special_tokens=False).offsets
+    assert [tuple(o) for o in zip(starts.tolist(), ends.tolist())] != trimmed
+
+
+def test_bad_tokenizer_json_is_a_frontend_error():
+    with pytest.raises(FrontendError, match="could not be parsed"):
+        Tokenizer(b"{not json")
+    with pytest.raises(FrontendError, match="could not be parsed"):
+        Tokenizer(json.dumps({"model": {"type": "Nope"}}).encode())
