@@ -13,12 +13,12 @@ only whitelisted callables can be called, and each render has an instruction bud
 (fuel), a macro recursion bound, and size caps on strings it builds.
 """
 
-from cpython.dict cimport PyDict_GetItem, PyDict_Items
+from cpython.dict cimport PyDict_GetItem, PyDict_Items, PyDict_Next
 from cpython.object cimport PyObject, PyObject_IsTrue, PyObject_RichCompare, Py_EQ, Py_NE, Py_LT, Py_LE, Py_GT, Py_GE
 from cpython.sequence cimport PySequence_Contains
 from cpython.list cimport PyList_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, free, realloc
 from libc.string cimport memset
 
 import json
@@ -37,6 +37,7 @@ cdef extern from "Python.h":
     int PyUnicode_KIND(object)
     void* PyUnicode_DATA(object)
     Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t index)
+    object PyUnicode_FromKindAndData(int kind, const void* buffer, Py_ssize_t size)
 
 
 # Opcode numbers: must equal flare.frontend.template.opcodes.Op (a test checks).
@@ -918,57 +919,140 @@ cdef object _escape(object v):
 # messages) without building a JSONEncoder per call, and appends clean strings
 # without copying them.
 
-from json.encoder import encode_basestring as _py_encode_str
-from json.encoder import encode_basestring_ascii as _py_encode_str_ascii
 
 cdef int _JSON_MAX_DEPTH = 900
-
-
-cdef inline bint _json_clean(str s):
-    """True when ``s`` needs no JSON escaping (no quote, backslash or control char)."""
-    cdef Py_ssize_t i, n = PyUnicode_GET_LENGTH(s)
-    cdef int kind = PyUnicode_KIND(s)
-    cdef void* data = PyUnicode_DATA(s)
-    cdef Py_UCS4 c
-    for i in range(n):
-        c = PyUnicode_READ(kind, data, i)
-        if c < 0x20 or c == 0x22 or c == 0x5c:
-            return False
-    return True
+cdef const char* _HEX = b"0123456789abcdef"
 
 
 cdef class _JsonEncoder:
+    """Writes JSON into a growable UCS4 buffer, turned into one str at the end."""
+    cdef Py_UCS4* buf
+    cdef Py_ssize_t n
+    cdef Py_ssize_t cap
     cdef bint ensure_ascii
     cdef object indent      # None or the indent unit string
     cdef str item_sep
     cdef str key_sep
     cdef bint sort_keys
-    cdef list out
+
+    def __dealloc__(self):
+        free(self.buf)
+
+    cdef int reserve(self, Py_ssize_t extra) except -1:
+        cdef Py_ssize_t cap
+        cdef Py_UCS4* grown
+        if self.n + extra <= self.cap:
+            return 0
+        cap = max(self.cap * 2, self.n + extra, 256)
+        if cap > MAX_STRING + 64:
+            raise FrontendError(f"template built a value longer than {MAX_STRING} items")
+        grown = <Py_UCS4*>realloc(self.buf, cap * sizeof(Py_UCS4))
+        if grown == NULL:
+            raise MemoryError()
+        self.buf = grown
+        self.cap = cap
+        return 0
+
+    cdef inline int put(self, Py_UCS4 c) except -1:
+        if self.n == self.cap:
+            self.reserve(1)
+        self.buf[self.n] = c
+        self.n += 1
+        return 0
+
+    cdef int text(self, str s) except -1:
+        """Copy ``s`` verbatim."""
+        cdef Py_ssize_t i, m = PyUnicode_GET_LENGTH(s)
+        cdef int kind = PyUnicode_KIND(s)
+        cdef void* data = PyUnicode_DATA(s)
+        self.reserve(m)
+        for i in range(m):
+            self.buf[self.n + i] = PyUnicode_READ(kind, data, i)
+        self.n += m
+        return 0
+
+    cdef int escaped(self, unsigned int c) except -1:
+        self.put(92)  # backslash
+        if c == 0x22 or c == 0x5c:
+            self.put(c)
+        elif c == 0x0a:
+            self.put(110)  # n
+        elif c == 0x0d:
+            self.put(114)  # r
+        elif c == 0x09:
+            self.put(116)  # t
+        elif c == 0x08:
+            self.put(98)   # b
+        elif c == 0x0c:
+            self.put(102)  # f
+        else:
+            self.put(117)  # u
+            self.put(<unsigned char>_HEX[(c >> 12) & 15])
+            self.put(<unsigned char>_HEX[(c >> 8) & 15])
+            self.put(<unsigned char>_HEX[(c >> 4) & 15])
+            self.put(<unsigned char>_HEX[c & 15])
+        return 0
 
     cdef int string(self, str s) except -1:
-        if self.ensure_ascii:
-            self.out.append(_py_encode_str_ascii(s))
-        elif _json_clean(s):
-            self.out.append('"')
-            self.out.append(s)
-            self.out.append('"')
+        """``s`` as a JSON string literal, escaped exactly as json.dumps escapes it
+        (control characters, quote and backslash; with ensure_ascii also everything
+        outside ' '..'~', astral characters as surrogate pairs)."""
+        cdef Py_ssize_t i, m = PyUnicode_GET_LENGTH(s)
+        cdef int kind = PyUnicode_KIND(s)
+        cdef void* data = PyUnicode_DATA(s)
+        cdef const unsigned char* latin1
+        cdef Py_UCS4* dst
+        cdef unsigned int c
+        self.reserve(m + 2)
+        self.buf[self.n] = 34
+        self.n += 1
+        if kind == 1 and not self.ensure_ascii:
+            # Latin-1 text (the common case): one pass, escapes are rare.
+            latin1 = <const unsigned char*>data
+            for i in range(m):
+                c = latin1[i]
+                if c >= 0x20 and c != 0x22 and c != 0x5c:
+                    if self.n == self.cap:
+                        self.reserve(m - i + 1)
+                    self.buf[self.n] = c
+                    self.n += 1
+                else:
+                    self.escaped(c)
         else:
-            self.out.append(_py_encode_str(s))
+            for i in range(m):
+                c = PyUnicode_READ(kind, data, i)
+                if c >= 0x20 and c != 0x22 and c != 0x5c and (c < 0x7f or not self.ensure_ascii):
+                    if self.n == self.cap:
+                        self.reserve(m - i + 1)
+                    self.buf[self.n] = c
+                    self.n += 1
+                elif c > 0xffff:
+                    c -= 0x10000
+                    self.escaped(0xd800 | ((c >> 10) & 0x3ff))
+                    self.escaped(0xdc00 | (c & 0x3ff))
+                else:
+                    self.escaped(c)
+        self.put(34)
         return 0
 
     cdef int value(self, object o, int level) except -1:
-        if o is None:
-            self.out.append("null")
+        cdef object t = type(o)
+        if t is str:
+            self.string(o)
+        elif t is dict:
+            self.mapping(o, level)
+        elif o is None:
+            self.text("null")
         elif o is True:
-            self.out.append("true")
+            self.text("true")
         elif o is False:
-            self.out.append("false")
+            self.text("false")
         elif isinstance(o, str):
             self.string(o)
         elif isinstance(o, int):
-            self.out.append(int.__repr__(o))
+            self.text(int.__repr__(o))
         elif isinstance(o, float):
-            self.out.append(_json_float(o))
+            self.text(_json_float(o))
         elif isinstance(o, (list, tuple)):
             self.array(o, level)
         elif isinstance(o, dict):
@@ -977,46 +1061,70 @@ cdef class _JsonEncoder:
             raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
         return 0
 
-    cdef int array(self, object seq, int level) except -1:
-        cdef str sep
-        cdef bint first = True
-        if not seq:
-            self.out.append("[]")
-            return 0
+    cdef int open(self, Py_UCS4 bracket, int level) except -1:
         if level >= _JSON_MAX_DEPTH:
             raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
-        self.out.append("[")
-        sep = self.item_sep
+        self.put(bracket)
         if self.indent is not None:
-            newline = "\n" + self.indent * (level + 1)
-            sep = self.item_sep + newline
-            self.out.append(newline)
+            self.newline(level + 1)
+        return 0
+
+    cdef int newline(self, int level) except -1:
+        cdef int i
+        self.put(10)
+        for i in range(level):
+            self.text(self.indent)
+        return 0
+
+    cdef int separator(self, int level) except -1:
+        self.text(self.item_sep)
+        if self.indent is not None:
+            self.newline(level + 1)
+        return 0
+
+    cdef int close(self, Py_UCS4 bracket, int level) except -1:
+        if self.indent is not None:
+            self.newline(level)
+        self.put(bracket)
+        return 0
+
+    cdef int array(self, object seq, int level) except -1:
+        cdef bint first = True
+        if not seq:
+            self.text("[]")
+            return 0
+        self.open(91, level)
         for item in seq:
             if not first:
-                self.out.append(sep)
+                self.separator(level)
             first = False
             self.value(item, level + 1)
-        if self.indent is not None:
-            self.out.append("\n" + self.indent * level)
-        self.out.append("]")
+        self.close(93, level)
         return 0
 
     cdef int mapping(self, dict d, int level) except -1:
-        cdef str sep
         cdef bint first = True
+        cdef Py_ssize_t pos = 0
+        cdef PyObject* pkey
+        cdef PyObject* pitem
         if not d:
-            self.out.append("{}")
+            self.text("{}")
             return 0
-        if level >= _JSON_MAX_DEPTH:
-            raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
-        self.out.append("{")
-        sep = self.item_sep
-        if self.indent is not None:
-            newline = "\n" + self.indent * (level + 1)
-            sep = self.item_sep + newline
-            self.out.append(newline)
-        items = sorted(d.items()) if self.sort_keys else d.items()
-        for key, item in items:
+        self.open(123, level)
+        if self.sort_keys:
+            for key, item in sorted(d.items()):
+                self.member(key, item, level, first)
+                first = False
+        else:
+            # PyDict_Next: no (key, value) tuple per member.
+            while PyDict_Next(d, &pos, &pkey, &pitem):
+                self.member(<object>pkey, <object>pitem, level, first)
+                first = False
+        self.close(125, level)
+        return 0
+
+    cdef int member(self, object key, object item, int level, bint first) except -1:
+        if type(key) is not str:
             if isinstance(key, str):
                 pass
             elif isinstance(key, float):
@@ -1032,15 +1140,11 @@ cdef class _JsonEncoder:
             else:
                 raise TypeError(f"keys must be str, int, float, bool or None, "
                                 f"not {key.__class__.__name__}")
-            if not first:
-                self.out.append(sep)
-            first = False
-            self.string(key)
-            self.out.append(self.key_sep)
-            self.value(item, level + 1)
-        if self.indent is not None:
-            self.out.append("\n" + self.indent * level)
-        self.out.append("}")
+        if not first:
+            self.separator(level)
+        self.string(key)
+        self.text(self.key_sep)
+        self.value(item, level + 1)
         return 0
 
 
@@ -1075,11 +1179,11 @@ cdef object _tojson(object v, tuple args, dict kwargs):
     else:
         enc.item_sep, enc.key_sep = ", ", ": "
     enc.sort_keys = bool(a[3])
-    enc.out = []
+    enc.buf = NULL
+    enc.n = 0
+    enc.cap = 0
     enc.value(v, 0)
-    if len(enc.out) == 1:
-        return enc.out[0]
-    return _guard_size("".join(enc.out))
+    return PyUnicode_FromKindAndData(4, enc.buf, enc.n)
 
 
 cdef object _indent(object s, tuple args, dict kwargs):
