@@ -76,7 +76,7 @@ def plan_kv(core: Core, config: EngineConfig, device: torch.device, max_active: 
         budget = int(free * config.kv_memory_fraction)
     else:
         budget = CPU_KV_BUDGET
-    rows = config.num_snapshot_rows or max(8, 4 * max_active)
+    rows = config.num_snapshot_rows or max(8, 2 * max_active)
     row_bytes = page_bytes + spec.hidden_size * dtype.itemsize
     pages = (budget - rows * row_bytes) // page_bytes - 1  # page 0 is scratch
     need = -(-core.contract.context // core.contract.page_tokens)

@@ -105,6 +105,7 @@ def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor) ->
     before = torch.cumsum(probs, dim=-1) - probs
     keep &= before < top_p
     keep &= probs >= min_p * probs[:, :1]
+    keep |= rank == 0  # the most likely token always survives filtering (and padding rows stay valid)
     kept = torch.where(keep, probs, torch.zeros_like(probs))
     cdf = torch.cumsum(kept, dim=-1)
     target = uniform.view(b, 1) * cdf[:, -1:]

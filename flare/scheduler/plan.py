@@ -60,7 +60,8 @@ class ScheduledPlan:
     tokens: int  # graph token capacity
     rows: tuple[PlanRow, ...]
     estimate_ns: int  # the graph's estimate when planned (0: unmeasured)
-    is_refresh: bool = False  # a stale graph chosen to refresh its estimate
+    is_refresh: bool = False  # a stale graph: it runs alone and refreshes its estimate
+    is_funded_refresh: bool = False  # chosen over the winner on refresh credit (commit pays)
 
 
 class Admission(NamedTuple):

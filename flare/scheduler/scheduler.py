@@ -292,12 +292,15 @@ class RequestScheduler:
             # NOTE: the oldest queued graph running past its expected finish stops queueing.
             if now - self._oldest_submit > 1.5 * window[0].plan.estimate_ns * 1e-9 + 0.002:
                 return None
-        candidates = self._candidates(bool(window))
+        candidates = self._candidates()
         if not candidates:
             if not window:
                 self.timing.idle()
             return None
-        return self._select(candidates, now)
+        plan = self._select(candidates, now)
+        if window and (plan.kind != GraphKind.DECODE or plan.is_refresh):
+            return None  # the winner needs an empty window: let the queued decode drain
+        return plan
 
     def _graph_for(self, kind: GraphKind, rows: int, tokens: int = 1) -> GraphSpec:
         for g in self._caps_by_kind[kind]:
@@ -305,7 +308,7 @@ class RequestScheduler:
                 return g
         raise KeyError(kind)
 
-    def _candidates(self, decode_only: bool) -> list[tuple[GraphKind, GraphSpec, list[PlanRow], float]]:
+    def _candidates(self) -> list[tuple[GraphKind, GraphSpec, list[PlanRow], float]]:
         """(kind, graph, rows, value) for every runnable cohort and shape."""
         out: list[tuple[GraphKind, GraphSpec, list[PlanRow], float]] = []
         pol = self.policy
@@ -321,8 +324,6 @@ class RequestScheduler:
                 value = sum(unit + self._price(r) + unit * pol.delivery_fairness * r.delivery_debt / tau
                             for r in decoders)
                 out.append((GraphKind.DECODE, self._graph_for(GraphKind.DECODE, len(rows)), rows, value))
-        if decode_only:
-            return out
         by_phase: dict[Phase, list[LiveRequest]] = {}
         for r in self.live.values():
             if r.inflight == 0:
@@ -410,10 +411,8 @@ class RequestScheduler:
                 best = min(stale_ids, key=lambda i: self.timing.refresh_order(candidates[i][1].index))
                 refresh = True
         kind, graph, rows, _ = candidates[best]
-        if refresh:
-            self.timing.pay_refresh(graph.index)
         return ScheduledPlan(self.id, kind, graph.index, graph.batch, graph.tokens, tuple(rows),
-                             self.timing.estimate_ns(graph.index), refresh or bool(stale[best]))
+                             self.timing.estimate_ns(graph.index), refresh or bool(stale[best]), refresh)
 
     # -- commit -------------------------------------------------------------
 
@@ -442,6 +441,8 @@ class RequestScheduler:
             self._oldest_submit = now
         self.inflight.append(step)
         self.timing.attempted(plan.graph_index, now)
+        if plan.is_funded_refresh:
+            self.timing.pay_refresh(plan.graph_index)
         return step
 
     def _mapped_positions(self, kind: GraphKind, row: PlanRow, req: LiveRequest) -> int:

@@ -37,10 +37,16 @@ class Driver:
         self.steps = []  # committed steps, in order
         self.results = []
 
-    def pump(self) -> bool:
-        """Process completions, then submit while possible. Returns whether anything happened."""
+    def pump(self, max_completions: int | None = None) -> bool:
+        """Process completions, then submit while possible. Returns whether anything happened.
+
+        ``max_completions=1`` mimics the runtime polling one completion at a time, so a
+        pipelined decode is usually still in flight when the next plan is made.
+        """
         happened = False
-        while (done := self.ex.poll()) is not None:
+        taken = 0
+        while (max_completions is None or taken < max_completions) and (done := self.ex.poll()) is not None:
+            taken += 1
             happened = True
             assert done.error is None, done.error
             result = self.sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)

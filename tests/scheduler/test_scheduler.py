@@ -335,7 +335,28 @@ def test_funded_refresh_displaces_the_winner():
     assert plan.kind == GraphKind.DECODE and not plan.is_refresh
     t.credit_ns = t.credit_cap_ns
     plan = sched._select(candidates, clock.now)
-    assert plan.kind == GraphKind.PREFILL and plan.is_refresh
+    assert plan.kind == GraphKind.PREFILL and plan.is_refresh and plan.is_funded_refresh
+    t.pay_refresh(plan.graph_index)  # what commit does for a funded refresh
     assert not t.has_full_credit  # another refresh waits for full credit
     plan = sched._select(candidates, clock.now)
     assert plan.kind == GraphKind.DECODE
+
+
+def test_new_request_progresses_while_decodes_stay_pipelined():
+    """Polling one completion at a time keeps a decode in flight; a waiting request's
+    INITIALIZE/PREFILL must still win and drain the window instead of starving."""
+    sched, ex, d, clock = make(max_active=4, pages=200, manual=True)
+    first = sched.submit(prompt(tokens(70, 30)), params(300), 0)
+    for _ in range(40):
+        d.pump(max_completions=1)
+        ex.step()
+        clock.now += 0.01
+    assert len(d.tokens[first]) > 20
+    second = sched.submit(prompt(tokens(71, 30)), params(5), 0)
+    for _ in range(40):
+        d.pump(max_completions=1)
+        ex.step()
+        clock.now += 0.01
+        if second in d.ended:
+            break
+    assert second in d.ended, "the new request starved behind pipelined decodes"

@@ -1,0 +1,126 @@
+"""NativeModel: a loaded core with its model runtime, for Python use and the server.
+
+    model = NativeModel.load("path/to/core")
+    for event in model.generate([1, 2, 3], SamplingParams(max_tokens=16)):
+        ...
+    model.close()
+
+Loading verifies the core, places weights on the device, sizes the KV cache
+from the memory budget, builds the step programs and an executor (CPU here;
+the CUDA executor where a GPU is selected), and starts the model thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .config import EngineConfig, PolicyConfig
+from .core.format import Core, load_core
+from .errors import ExecutionError
+from .request import ErrorEvent, Event, FinishEvent, PreparedPrompt, SamplingParams
+from .scheduler.scheduler import RequestScheduler
+
+Progress = Callable[[str], None]
+
+
+def core_identity(core: Core) -> bytes:
+    """32-byte model/recipe identity for prefix keys: recipe, dtype and every asset hash."""
+    blob = json.dumps({"recipe": core.manifest["recipe"], "dtype": core.dtype,
+                       "assets": {k: v["sha256"] for k, v in core.assets.items()}}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).digest()
+
+
+class NativeModel:
+    def __init__(self, core: Core, loaded, executor, runtime, tokenizer):
+        self.core = core
+        self.loaded = loaded
+        self.executor = executor
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, core: str | Path | Core, config: EngineConfig = EngineConfig(), *,
+             progress: Progress | None = None, decoder_factory=None, capacity: int | None = None,
+             capacity_hint: str = "") -> "NativeModel":
+        from tokenizers import Tokenizer
+
+        from .model.loader import load_model
+        from .server.runtime import ModelRuntime
+
+        if not isinstance(core, Core):
+            if progress:
+                progress(f"verifying core {core}")
+            core = load_core(Path(core), progress=progress)
+        loaded = load_model(core, config, progress)
+        if loaded.device.type == "cuda":
+            from .execution.cuda import make_cuda_executor
+            executor = make_cuda_executor(loaded, progress)
+        else:
+            from .execution.cpu import CpuExecutor
+            executor = CpuExecutor(loaded.programs)
+        tokenizer = Tokenizer.from_file(str(core.asset("tokenizer.json")))
+        if decoder_factory is None:
+            def decoder_factory():
+                return StreamDecoder(tokenizer)
+        scheduler = RequestScheduler(loaded.contract, core_identity(core), config.policy,
+                                     eos_token_ids=core.recipe.eos_token_ids)
+        max_active = loaded.contract.max_active
+        runtime = ModelRuntime(scheduler, executor, decoder_factory=decoder_factory,
+                               capacity=capacity or 5 * max_active, capacity_hint=capacity_hint)
+        return cls(core, loaded, executor, runtime, tokenizer)
+
+    @property
+    def context_len(self) -> int:
+        return self.loaded.contract.context
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink):
+        return self.runtime.submit(prompt, params, sink)
+
+    def generate(self, prompt: PreparedPrompt | Sequence[int], params: SamplingParams = SamplingParams(),
+                 timeout: float | None = None) -> Iterator[Event]:
+        """Submit and yield events until the terminal one (blocking)."""
+        if not isinstance(prompt, PreparedPrompt):
+            prompt = PreparedPrompt(np.asarray(prompt, dtype=np.int32))
+        events: queue.Queue = queue.Queue()
+        ticket = self.runtime.submit(prompt, params, events.put)
+        try:
+            while True:
+                event = events.get(timeout=timeout)
+                yield event
+                if isinstance(event, (FinishEvent, ErrorEvent)):
+                    return
+        except queue.Empty:
+            ticket.cancel()
+            raise ExecutionError(f"no event within {timeout} s") from None
+        finally:
+            ticket.cancel()
+
+    def close(self, timeout: float | None = None) -> None:
+        self.runtime.close(timeout)
+
+
+class StreamDecoder:
+    """Incremental detokenization over tokenizers' DecodeStream (holds split UTF-8)."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        from tokenizers.decoders import DecodeStream
+
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def push(self, token_ids) -> str:
+        out = []
+        for t in token_ids:
+            piece = self._stream.step(self._tokenizer, int(t))
+            if piece:
+                out.append(piece)
+        return "".join(out)
+
+    def flush(self) -> str:
+        return ""

@@ -1,0 +1,394 @@
+"""ModelRuntime: one model thread owning the scheduler and an executor.
+
+Each turn of the model thread::
+
+    admit new requests -> poll completions -> RequestScheduler.complete
+    -> publish tokens (incremental detokenization, stop strings, EOS, max tokens)
+    -> retire terminals -> plan -> commit(next fence) -> pack inputs -> submit
+
+The thread never blocks on the network: events go to each request's sink,
+which the server forwards to its event loop. Publication is ordered per
+request and ends with exactly one FinishEvent or ErrorEvent.
+
+Failure: an exception in the model thread (or a failed completion) notifies
+every active, pending and queued consumer with the error, then drains the
+executor; scheduler resources are released only after the drain is
+confirmed. The runtime never restarts; later submissions get a 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+import numpy as np
+
+from ..errors import AdmissionError, Error, ExecutionError
+from ..execution.base import ExecutionCompletion
+from ..model.contract import GraphKind
+from ..model.inputs import Inputs, pack_step
+from ..request import (ErrorEvent, EventSink, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent,
+                       TokenLogprob, Usage)
+from ..scheduler.errors import CapacityError
+from ..scheduler.plan import StepResult
+from ..scheduler.scheduler import RequestScheduler
+
+log = logging.getLogger("flare.runtime")
+
+IDLE_WAIT_S = 0.05
+BUSY_POLL_S = 0.002
+
+
+class TextDecoder(Protocol):
+    def push(self, token_ids) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+@dataclass(eq=False)
+class _Consumer:
+    """Publication state of one request (model thread only)."""
+
+    prompt: PreparedPrompt
+    params: SamplingParams
+    sink: EventSink
+    decoder: TextDecoder
+    arrival: float
+    rid: int = 0
+    num_tokens: int = 0
+    pending_text: str = ""  # decoded text withheld while it may start a stop string
+    is_done: bool = False
+    is_cancelled: bool = False
+    cached_tokens: int = 0
+    first_token_at: float | None = None
+
+
+class RuntimeTicket:
+    """Returned by submit; cancel() may be called from any thread."""
+
+    __slots__ = ("_runtime", "_consumer")
+
+    def __init__(self, runtime: "ModelRuntime", consumer: _Consumer):
+        self._runtime = runtime
+        self._consumer = consumer
+
+    def cancel(self) -> None:
+        self._runtime._request_cancel(self._consumer)
+
+
+@dataclass
+class RuntimeCounters:
+    requests_admitted: int = 0
+    requests_completed: int = 0
+    requests_cancelled: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    launches: dict = field(default_factory=dict)
+
+
+class ModelRuntime:
+    def __init__(self, scheduler: RequestScheduler, executor, *, decoder_factory: Callable[[], TextDecoder],
+                 capacity: int, capacity_hint: str = "", name: str = "flare-model"):
+        self.scheduler = scheduler
+        self.executor = executor
+        self.inputs = Inputs(scheduler.contract)
+        self.decoder_factory = decoder_factory
+        self.capacity = capacity
+        self.capacity_hint = capacity_hint
+        self.counters = RuntimeCounters()
+        self.failure: ExecutionError | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._ingress: deque[_Consumer] = deque()
+        self._cancels: deque[_Consumer] = deque()
+        self._consumers: dict[int, _Consumer] = {}  # rid -> consumer, admitted to the scheduler
+        self._accepted = 0  # requests accepted and not yet terminal (model admission capacity)
+        self._closing = False
+        self._drained = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    # -- any thread -------------------------------------------------------------
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RuntimeTicket:
+        consumer = _Consumer(prompt, params, sink, self.decoder_factory(), time.monotonic())
+        with self._lock:
+            if self.failure is not None or self._closing:
+                raise AdmissionError("the model worker is unavailable"
+                                     + (f": {self.failure}" if self.failure else " (shutting down)"),
+                                     status=503, code="worker_unavailable", hint=self.capacity_hint or None)
+            if self._accepted >= self.capacity:
+                raise AdmissionError(f"model admission capacity of {self.capacity} requests is exhausted",
+                                     status=503, code="capacity_exhausted", hint=self.capacity_hint or None)
+            self._accepted += 1
+            self._ingress.append(consumer)
+        self._wake.set()
+        return RuntimeTicket(self, consumer)
+
+    def _request_cancel(self, consumer: _Consumer) -> None:
+        with self._lock:
+            self._cancels.append(consumer)
+        self._wake.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop admission, cancel what is left, drain the executor, join the thread."""
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def drained(self) -> bool:
+        return self._drained
+
+    def stats(self) -> Mapping[str, float]:
+        s = self.scheduler
+        c = s.cache.counters()
+        out = {
+            "requests_admitted": self.counters.requests_admitted,
+            "requests_completed": self.counters.requests_completed,
+            "requests_cancelled": self.counters.requests_cancelled,
+            "requests_failed": self.counters.requests_failed,
+            "prefix_lookups": c.lookups, "prefix_hits": c.hits, "prefix_misses": c.misses,
+            "prefix_reused_tokens": c.reused_tokens, "checkpoints_published": c.publications,
+            "checkpoint_evictions": c.evictions, "prompt_tokens": self.counters.prompt_tokens,
+            "generated_tokens": self.counters.generated_tokens,
+            "slots_live": s.num_live, "slots_free": s.slots.num_free, "slots_retiring": s.slots.num_retiring,
+            "pages_reusable": s.pages.num_free, "snapshots_reusable": s.rows.num_free,
+            "checkpoints_cached": c.cached_checkpoints, "pages_cached": c.cached_pages,
+            "requests_pending": s.num_queued + len(self._ingress),
+        }
+        for kind, count in s.launches.items():
+            out[f"launches.{_LAUNCH_NAMES[kind]}"] = count
+        return out
+
+    # -- model thread -----------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach consumers
+            error = exc if isinstance(exc, ExecutionError) else ExecutionError(
+                f"model worker failed: {type(exc).__name__}: {exc}")
+            if error is not exc:
+                error.__cause__ = exc
+            log.error("model runtime failed: %s", error, exc_info=exc)
+            with self._lock:
+                self.failure = error
+            self._fail_all(error)
+        finally:
+            self._shutdown()
+
+    def _loop(self) -> None:
+        ex, sched = self.executor, self.scheduler
+        while True:
+            with self._lock:
+                closing = self._closing
+                arrivals = list(self._ingress)
+                self._ingress.clear()
+                cancels = list(self._cancels)
+                self._cancels.clear()
+            for consumer in arrivals:
+                self._admit(consumer)
+            for consumer in cancels:
+                self._cancel(consumer)
+            if closing:
+                for consumer in list(self._consumers.values()):
+                    self._cancel(consumer, ErrorEvent(AdmissionError(
+                        "the server is shutting down", status=503, code="shutting_down")))
+                if not sched.inflight:
+                    return
+            progressed = bool(arrivals or cancels)
+            while (done := ex.poll(0)) is not None:
+                self._complete(done)
+                progressed = True
+            while not closing and ex.can_submit():
+                plan = sched.plan()
+                if plan is None:
+                    break
+                step = sched.commit(plan, ex.next_fence)
+                ex.submit(plan.graph_index, pack_step(self.inputs, step))
+                if plan.kind == GraphKind.PREFILL:
+                    self.counters.prompt_tokens += sum(r.num_tokens for r in step.rows)
+                progressed = True
+            if progressed:
+                continue
+            if ex.outstanding:
+                done = ex.poll(BUSY_POLL_S)
+                if done is not None:
+                    self._complete(done)
+            else:
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+
+    def _admit(self, consumer: _Consumer) -> None:
+        params = consumer.params
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        try:
+            consumer.rid = self.scheduler.submit(consumer.prompt, params, seed)
+        except CapacityError as exc:
+            self._end(consumer, ErrorEvent(exc))
+            return
+        self._consumers[consumer.rid] = consumer
+        self.counters.requests_admitted += 1
+
+    def _cancel(self, consumer: _Consumer, event=None) -> None:
+        """Stop a request; a client that went away gets no event, a shutdown gets one."""
+        if consumer.is_done:
+            return
+        consumer.is_cancelled = True
+        if consumer.rid:
+            self.scheduler.cancel(consumer.rid)
+            self._consumers.pop(consumer.rid, None)
+        self.counters.requests_cancelled += 1
+        self._end(consumer, event)
+
+    def _complete(self, done: ExecutionCompletion) -> None:
+        if done.error is not None:
+            raise done.error
+        result = self.scheduler.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+        self._publish(result, done)
+
+    def _publish(self, result: StepResult, done: ExecutionCompletion) -> None:
+        by_rid: dict[int, list] = {}
+        for out in result.tokens:
+            by_rid.setdefault(out.rid, []).append(out)
+        ended = {e.rid: e for e in result.ended}
+        for rid, outputs in by_rid.items():
+            consumer = self._consumers.get(rid)
+            if consumer is None or consumer.is_done:
+                continue
+            self.counters.generated_tokens += len(outputs)
+            if consumer.first_token_at is None:
+                consumer.first_token_at = time.monotonic()
+                consumer.cached_tokens = self.scheduler.live[rid].reused if rid in self.scheduler.live else 0
+            self._emit(consumer, outputs, done, ended.get(rid))
+        for rid, end in ended.items():
+            consumer = self._consumers.get(rid)
+            if consumer is not None and not consumer.is_done:
+                self._finish(consumer, end.reason, end.stop)
+
+    def _emit(self, consumer: _Consumer, outputs, done: ExecutionCompletion, end) -> None:
+        params = consumer.params
+        visible = []
+        logprobs = [] if params.logprobs else None
+        for out in outputs:
+            consumer.num_tokens += 1
+            is_stop_token = end is not None and end.stop == out.token and out is outputs[-1]
+            if not is_stop_token:
+                visible.append(out.token)
+            if logprobs is not None and not is_stop_token:
+                row = done.logprobs[out.slot]
+                ids = done.top_ids[out.slot]
+                top = tuple((int(ids[i]), float(row[1 + i])) for i in range(params.top_logprobs))
+                logprobs.append(TokenLogprob(out.token, float(row[0]), top))
+        text = consumer.pending_text + (consumer.decoder.push(visible) if visible else "")
+        text, stop = self._split_stop(consumer, text, final=False)
+        if stop is not None:
+            self.scheduler.finish(consumer.rid, "stop")
+            if text or visible:
+                consumer.sink(TokenEvent(tuple(visible), text, tuple(logprobs) if logprobs is not None else None))
+            self._finish(consumer, "stop", stop)
+            return
+        if text or visible:
+            consumer.sink(TokenEvent(tuple(visible), text, tuple(logprobs) if logprobs is not None else None))
+
+    def _split_stop(self, consumer: _Consumer, text: str, *, final: bool) -> tuple[str, str | None]:
+        """Text safe to emit now, and the stop string that matched (if any).
+
+        Text that could be the start of a stop string is withheld until it can't.
+        """
+        stops = consumer.params.stop
+        if not stops:
+            consumer.pending_text = ""
+            return text, None
+        best = None
+        for s in stops:
+            i = text.find(s)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is not None:
+            consumer.pending_text = ""
+            return text[:best[0]], best[1]
+        if final:
+            consumer.pending_text = ""
+            return text, None
+        hold = 0
+        for s in stops:
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        consumer.pending_text = text[len(text) - hold:] if hold else ""
+        return text[:len(text) - hold], None
+
+    def _finish(self, consumer: _Consumer, reason: str, stop) -> None:
+        if consumer.is_done:
+            return
+        if reason == "cancelled":
+            self._cancel(consumer)
+            return
+        tail = consumer.pending_text + consumer.decoder.flush()
+        if stop is None or isinstance(stop, int):
+            tail, matched = self._split_stop(consumer, tail, final=True)
+            if matched is not None:
+                reason, stop = "stop", matched
+        if tail:
+            consumer.sink(TokenEvent((), tail, () if consumer.params.logprobs else None))
+        self._consumers.pop(consumer.rid, None)
+        self.counters.requests_completed += 1
+        usage = Usage(len(consumer.prompt), consumer.num_tokens, consumer.cached_tokens)
+        self._end(consumer, FinishEvent(reason, usage, stop))
+
+    def _end(self, consumer: _Consumer, event) -> None:
+        consumer.is_done = True
+        with self._lock:
+            self._accepted -= 1
+        if event is not None:
+            try:
+                consumer.sink(event)
+            except Exception:  # noqa: BLE001 - a broken sink must not stop the model thread
+                log.exception("event sink failed")
+
+    def _fail_all(self, error: Error) -> None:
+        with self._lock:
+            queued = list(self._ingress)
+            self._ingress.clear()
+        for consumer in list(self._consumers.values()) + queued:
+            if not consumer.is_done:
+                self.counters.requests_failed += 1
+                self._end(consumer, ErrorEvent(error))
+        self._consumers.clear()
+
+    def _shutdown(self) -> None:
+        """Drain the executor, then release scheduler resources (only after a confirmed drain)."""
+        try:
+            self.executor.close()
+            self._drained = True
+        except BaseException:  # noqa: BLE001
+            log.exception("executor drain failed; retaining prepared resources")
+            return
+        self.scheduler.release_after_shutdown()
+        with self._lock:
+            leftovers = list(self._ingress)
+            self._ingress.clear()
+        error = self.failure or ExecutionError("the model runtime shut down")
+        for consumer in leftovers:
+            if not consumer.is_done:
+                self._end(consumer, ErrorEvent(error))
+
+
+_LAUNCH_NAMES = {
+    GraphKind.INITIALIZE: "initialize", GraphKind.PREFILL: "prefill", GraphKind.DECODE: "decode",
+    GraphKind.SNAPSHOT: "snapshot", GraphKind.RESTORE: "restore", GraphKind.RESUME: "resume_sampling",
+}
