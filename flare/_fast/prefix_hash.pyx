@@ -49,8 +49,6 @@ from libc.string cimport memcpy, memset
 
 import sys
 
-import numpy as np
-
 if sys.byteorder != "little":
     # Token and word loads are plain memcpy of the host representation.
     raise ImportError("flare._fast.prefix_hash supports little-endian hosts only")
@@ -317,6 +315,8 @@ cdef int _check_events(const int64_t[::1] positions, const uint8_t[:, ::1] ident
     return 0
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def blake2b(const uint8_t[::1] data, Py_ssize_t digest_size=64, person=None):
     """BLAKE2b of data (unkeyed, sequential), equal to ``hashlib.blake2b(data,
     digest_size=digest_size, person=person).digest()``; person is at most 16
@@ -346,6 +346,8 @@ def blake2b(const uint8_t[::1] data, Py_ssize_t digest_size=64, person=None):
     return digest[:digest_size]
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def root_key(const uint8_t[::1] identity):
     """The key of the empty prefix: BLAKE2b-128(identity, person=ROOT_PERSON)."""
     cdef:
@@ -410,6 +412,8 @@ def chain_keys(const uint8_t[::1] identity, const uint8_t[::1] parent,
             previous = &out[b, 0]
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def endpoint_key(const uint8_t[::1] identity, const uint8_t[::1] parent, int64_t endpoint,
                  const int32_t[::1] tail, const int64_t[::1] event_positions,
                  const uint8_t[:, ::1] event_identities):

@@ -37,7 +37,7 @@ class _Checkpoint:
 
     __slots__ = ("id", "key", "bucket", "endpoint", "parent", "pages", "snapshot", "ready_fence",
                  "visible_fence", "is_ready", "pins", "direct_pins", "num_children",
-                 "last_use_fence", "stamp")
+                 "pending_below", "is_reclaimable", "last_use_fence", "stamp")
 
     def __init__(self, checkpoint_id: int, key: bytes, bucket: bytes, endpoint: int,
                  parent: _Checkpoint | None, pages: tuple[int, ...], snapshot: int,
@@ -55,6 +55,8 @@ class _Checkpoint:
         self.pins = 0  # direct pins here plus every pin taken on a descendant
         self.direct_pins = 0
         self.num_children = 0
+        self.pending_below = 0  # pending checkpoints among the descendants
+        self.is_reclaimable = False  # counted in the cache's reclaimable gauges
         self.last_use_fence = 0
         self.stamp = stamp  # LRU clock value of the latest use
 
@@ -68,6 +70,12 @@ class _Checkpoint:
     @property
     def is_evictable(self) -> bool:
         return self.is_ready and self.pins == 0 and self.num_children == 0
+
+    @property
+    def can_reclaim(self) -> bool:
+        """Repeated leaf eviction would reach this checkpoint: nothing below it
+        is pinned or pending."""
+        return self.is_ready and self.pins == 0 and self.pending_below == 0
 
 
 def _nonnegative(value: object, what: str, error: type[Exception] = CapacityError) -> int:
@@ -117,6 +125,7 @@ class PrefixCheckpointCache:
         self._num_pending = self._cached_pages = 0
         self._retiring_pages = self._retiring_snapshots = 0
         self._reusable_pages = self._reusable_snapshots = 0
+        self._reclaimable_pages = self._reclaimable_snapshots = 0
 
     # -- lookup -------------------------------------------------------------
 
@@ -207,15 +216,19 @@ class PrefixCheckpointCache:
             self._page_owner[list(page_ids)] = checkpoint_id
         self._snapshot_owner[snapshot] = checkpoint_id
         self._cached_pages += len(page_ids)
+        is_pending = visible > self._completed
         if parent_node is not None:
             parent_node.num_children += 1
             for ancestor in parent_node.path():  # a new child is a use of its prefix
                 ancestor.stamp = stamp
-        if visible <= self._completed:
-            self._make_ready(node)
-        else:
+                if is_pending:
+                    ancestor.pending_below += 1
+                    self._refresh_reclaimable(ancestor)
+        if is_pending:
             self._num_pending += 1
             heapq.heappush(self._pending, (visible, checkpoint_id))
+        else:
+            self._make_ready(node)
         return Created(checkpoint_id, node.is_ready)
 
     def cancel(self, checkpoint: int) -> RetiredResources:
@@ -232,7 +245,10 @@ class PrefixCheckpointCache:
                                        f"descendant publications; cancel them first")
         self._num_pending -= 1
         self._cancellations += 1
-        return self._retire(node)
+        if node.parent is not None:
+            for ancestor in node.parent.path():
+                ancestor.pending_below -= 1
+        return self._retire(node)  # also refreshes the parent chain's reclaimable state
 
     # -- pins and use -------------------------------------------------------
 
@@ -244,6 +260,7 @@ class PrefixCheckpointCache:
         for ancestor in node.path():
             ancestor.pins += 1
             ancestor.stamp = stamp
+            self._refresh_reclaimable(ancestor)
 
     def unpin(self, checkpoint: int) -> None:
         """Release one direct pin taken on ``checkpoint`` (not one on a descendant)."""
@@ -254,6 +271,7 @@ class PrefixCheckpointCache:
         node.direct_pins -= 1
         for ancestor in node.path():
             ancestor.pins -= 1
+            self._refresh_reclaimable(ancestor)
         if node.is_evictable:  # ancestors have a child, so only node can become a leaf
             self._push_lru(node)
 
@@ -323,6 +341,10 @@ class PrefixCheckpointCache:
                 continue  # cancelled
             # NOTE: parents pop first: their visible fence is no larger and their ID smaller.
             self._num_pending -= 1
+            if node.parent is not None:
+                for ancestor in node.parent.path():
+                    ancestor.pending_below -= 1
+                    self._refresh_reclaimable(ancestor)
             self._make_ready(node)
             ready.append(checkpoint_id)
         pages: list[int] = []
@@ -365,7 +387,9 @@ class PrefixCheckpointCache:
             cached_checkpoints=len(self._checkpoints), pending_checkpoints=self._num_pending,
             cached_pages=self._cached_pages, cached_snapshots=len(self._checkpoints),
             retiring_pages=self._retiring_pages, retiring_snapshots=self._retiring_snapshots,
-            reusable_pages=self._reusable_pages, reusable_snapshots=self._reusable_snapshots)
+            reusable_pages=self._reusable_pages, reusable_snapshots=self._reusable_snapshots,
+            reclaimable_pages=self._reclaimable_pages,
+            reclaimable_snapshots=self._reclaimable_snapshots)
 
     @property
     def identity(self) -> bytes:
@@ -449,6 +473,7 @@ class PrefixCheckpointCache:
 
     def _make_ready(self, node: _Checkpoint) -> None:
         node.is_ready = True
+        self._refresh_reclaimable(node)
         self._publications += 1
         bucket = self._buckets.setdefault(node.bucket, [])
         bucket.append(node)
@@ -465,9 +490,15 @@ class PrefixCheckpointCache:
             bucket.remove(node)
             if not bucket:
                 del self._buckets[node.bucket]
+        if node.is_reclaimable:
+            node.is_reclaimable = False
+            self._reclaimable_pages -= len(node.pages)
+            self._reclaimable_snapshots -= 1
         parent = node.parent
         if parent is not None:
             parent.num_children -= 1
+            for ancestor in parent.path():  # a cancelled pending child may have held them
+                self._refresh_reclaimable(ancestor)
             if parent.is_evictable:
                 self._push_lru(parent)
         node.parent = None
@@ -482,6 +513,13 @@ class PrefixCheckpointCache:
         self._retire_seq += 1
         heapq.heappush(self._retiring, (fence, self._retire_seq, record))
         return record
+
+    def _refresh_reclaimable(self, node: _Checkpoint) -> None:
+        if node.can_reclaim != node.is_reclaimable:
+            node.is_reclaimable = not node.is_reclaimable
+            sign = 1 if node.is_reclaimable else -1
+            self._reclaimable_pages += sign * len(node.pages)
+            self._reclaimable_snapshots += sign
 
     def _push_lru(self, node: _Checkpoint) -> None:
         lru = self._lru

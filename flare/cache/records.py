@@ -111,3 +111,8 @@ class CacheCounters:
     retiring_snapshots: int  # gauge
     reusable_pages: int  # counter: page IDs granted back through Completion.reusable
     reusable_snapshots: int  # counter: snapshot IDs granted back through Completion.reusable
+    # Gauges for check-then-commit admission: what evict() with unbounded
+    # targets would retire now (ready checkpoints with no pin and no pending
+    # checkpoint at or below them).
+    reclaimable_pages: int
+    reclaimable_snapshots: int

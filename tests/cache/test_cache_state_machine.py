@@ -97,6 +97,13 @@ class CacheMachine(RuleBasedStateMachine):
         self.clock += 1
         return self.clock
 
+    def has_pending_below(self, node: Model) -> bool:
+        return any(not self.model[c].is_ready or self.has_pending_below(self.model[c])
+                   for c in node.children)
+
+    def reclaimable(self, node: Model) -> bool:
+        return node.is_ready and self.pins(node) == 0 and not self.has_pending_below(node)
+
     def evictable(self, node: Model) -> bool:
         return node.is_ready and not node.children and self.pins(node) == 0
 
@@ -269,6 +276,20 @@ class CacheMachine(RuleBasedStateMachine):
             ancestor.last_use = max(ancestor.last_use, fence)
             ancestor.stamp = stamp
 
+    @rule()
+    def evict_everything_reclaimable(self):
+        before = self.cache.counters()
+        eviction = self.cache.evict(NUM_PAGES + 1, NUM_SNAPSHOTS + 1)
+        assert (eviction.num_pages, eviction.num_snapshots) == \
+            (before.reclaimable_pages, before.reclaimable_snapshots)
+        for record in eviction.retired:
+            node = self.model[record.checkpoint]
+            assert self.evictable(node)
+            fence = max(node.ready_fence, node.last_use)
+            assert tuple(record) == (node.id, node.pages, node.snapshot, fence)
+            self.retire(node, fence)
+        self.counts["evictions"] += len(eviction.retired)
+
     @rule(page_target=st.integers(0, 8), snapshot_target=st.integers(0, 3))
     def evict(self, page_target, snapshot_target):
         pinned_paths = {a.id for m in self.model.values() if m.direct_pins
@@ -394,6 +415,9 @@ class CacheMachine(RuleBasedStateMachine):
         assert c.retiring_pages == sum(len(ps) for _, ps, _ in self.retiring)
         assert c.retiring_snapshots == len(self.retiring)
         assert self.cache.completed_fence == self.completed
+        reclaimable = [m for m in self.model.values() if self.reclaimable(m)]
+        assert c.reclaimable_pages == sum(len(m.pages) for m in reclaimable)
+        assert c.reclaimable_snapshots == len(reclaimable)
 
 
 TestCacheMachine = CacheMachine.TestCase

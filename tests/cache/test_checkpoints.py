@@ -342,6 +342,26 @@ def test_evicting_a_leaf_exposes_its_parent_by_its_own_recency(cache):
     assert [r.checkpoint for r in eviction.retired] == [child, parent]
 
 
+def test_reclaimable_gauges_predict_what_eviction_can_retire(cache):
+    h = history()
+    a = publish(cache, h, 100).checkpoint  # 1 page
+    b = publish(cache, h, 200, a).checkpoint  # 2 pages
+    other = publish(cache, history(diverge_at=0), 130).checkpoint  # 2 pages
+    reclaimable = lambda: (cache.counters().reclaimable_pages, cache.counters().reclaimable_snapshots)
+    assert reclaimable() == (5, 3)
+    cache.pin(b)  # pins b and a
+    assert reclaimable() == (2, 1)
+    pending = publish(cache, history(diverge_at=0), 300, other, fence=4).checkpoint
+    assert reclaimable() == (0, 0)  # other now has a pending descendant
+    cache.unpin(b)
+    assert reclaimable() == (3, 2)
+    eviction = cache.evict(page_target=100, snapshot_target=100)
+    assert (eviction.num_pages, eviction.num_snapshots) == (3, 2)
+    assert reclaimable() == (0, 0)
+    cache.cancel(pending)
+    assert reclaimable() == (2, 1)
+
+
 def test_retired_ids_carry_their_final_use_fence(cache):
     h = history()
     a = cache.publish(h, 130, parent=None, pages=[1, 2], snapshot=0, consumed=130, ready_fence=3)
