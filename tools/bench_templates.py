@@ -34,6 +34,9 @@ TEMPLATES = {
     "qwen3": "Qwen-Qwen3-0.6B.jinja",
     "llama3.1": "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+    # The three above are text-only (jinja2 itself rejects image content parts with
+    # them), so the images case also runs on a vision-language template.
+    "qwen3.5-vl": "Qwen3.5-4B.jinja",
 }
 
 
@@ -187,8 +190,13 @@ def main() -> int:
     for tname, fname in TEMPLATES.items():
         source = (template_dir / fname).read_text(encoding="utf-8")
         for cname, ctx in cases.items():
+            try:
+                ref = ENGINES["jinja2"](source)[1](ctx)
+            except Exception as exc:  # noqa: BLE001 - the template rejects this input
+                print(f"{tname:<12} {cname:<12} (template raises in jinja2 too: "
+                      f"{str(exc)[:60]!r}; not timed)")
+                continue
             ours_text = compile_template(source).render(ctx)
-            ref = ENGINES["jinja2"](source)[1](ctx)
             if ours_text != ref:
                 print(f"OUTPUT MISMATCH {tname}/{cname}", file=sys.stderr)
                 return 1

@@ -19,7 +19,7 @@ from cpython.sequence cimport PySequence_Contains
 from cpython.list cimport PyList_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.stdlib cimport malloc, free, realloc
-from libc.string cimport memset
+from libc.string cimport memset, memchr, memcmp
 
 import json
 import math
@@ -852,6 +852,49 @@ cdef object _binary(int op, object a, object b):
     return r
 
 
+cdef int _str_contains(str hay, str needle):
+    """``needle in hay`` for Latin-1 strings via memchr + memcmp; -1 when the caller
+    should use CPython's search instead (other string kinds, or a needle whose first
+    character is so frequent that candidate checks would dominate)."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(hay), m = PyUnicode_GET_LENGTH(needle)
+    cdef const char* h
+    cdef const char* nd
+    cdef const char* p
+    cdef const char* end
+    cdef Py_ssize_t candidates = 0
+    if PyUnicode_KIND(hay) != 1 or PyUnicode_KIND(needle) != 1:
+        return -1
+    if m == 0:
+        return 1
+    if m > n:
+        return 0
+    h = <const char*>PyUnicode_DATA(hay)
+    nd = <const char*>PyUnicode_DATA(needle)
+    p = h
+    end = h + (n - m + 1)
+    while p < end:
+        p = <const char*>memchr(p, nd[0], end - p)
+        if p == NULL:
+            return 0
+        if memcmp(p, nd, m) == 0:
+            return 1
+        p += 1
+        candidates += 1
+        if candidates > 64 and candidates * 32 > p - h:
+            return -1
+    return 0
+
+
+cdef inline bint _contains(object container, object item) except -1:
+    """Python's ``item in container``, with a faster search for str in str."""
+    cdef int found
+    if type(container) is str and type(item) is str:
+        found = _str_contains(<str>container, <str>item)
+        if found >= 0:
+            return found
+    return PySequence_Contains(container, item) == 1
+
+
 cdef object _compare(int op, object a, object b):
     if op == 0:
         return PyObject_RichCompare(a, b, Py_EQ)
@@ -866,8 +909,8 @@ cdef object _compare(int op, object a, object b):
     if op == 5:
         return PyObject_RichCompare(a, b, Py_GE)
     if op == 6:
-        return PySequence_Contains(b, a) == 1
-    return PySequence_Contains(b, a) == 0
+        return _contains(b, a)
+    return not _contains(b, a)
 
 
 # ============================================================== filters and tests
@@ -1554,7 +1597,7 @@ cdef bint _test(_Render st, int tid, object v, tuple args, dict kwargs) except -
     if tid == T_GE:
         return PyObject_IsTrue(v >= other) == 1
     if tid == T_IN:
-        return PySequence_Contains(other, v) == 1
+        return _contains(other, v)
     if tid == T_DIVISIBLEBY:
         return v % other == 0
     raise FrontendError(f"test {TEST_NAMES[tid]!r} is not implemented")

@@ -166,3 +166,25 @@ def test_feature_matches_jinja2(source):
         assert ours[0] == "compile_error", (ref, ours)
     else:
         assert ours == ref
+
+
+# Substring search has a memchr fast path for Latin-1 text; check it against Python
+# on adversarial inputs (frequent first characters, matches at the edges, wide kinds).
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from flare.frontend.template import compile_template  # noqa: E402
+
+_IN = compile_template("{{ needle in hay }}|{{ needle not in hay }}|{{ hay is in [hay] }}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(hay=st.text(alphabet="ab<é😀", max_size=300), needle=st.text(alphabet="ab<é😀", max_size=6))
+def test_substring_search_matches_python(hay, needle):
+    assert _IN.render({"needle": needle, "hay": hay}) == \
+        f"{needle in hay}|{needle not in hay}|True"
+
+
+def test_substring_search_long_runs():
+    hay = "a" * 100_000 + "ab"
+    for needle in ("ab", "aab", "b", "ba", "a" * 50, "c", ""):
+        assert _IN.render({"needle": needle, "hay": hay}).startswith(str(needle in hay))
