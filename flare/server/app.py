@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import inspect
 import logging
 import time
 import uuid
@@ -200,9 +199,9 @@ class Application:
             result = request.route.handler(request, conn)
         except Error as exc:
             return self._count(self.state.error_for(exc))
-        if inspect.isawaitable(result):
-            return self._finish_async(result)
-        return self._count(result)
+        if type(result) is Response:
+            return self._count(result)
+        return self._finish_async(result)
 
     async def _finish_async(self, pending: Awaitable[Response | None]) -> Response | None:
         try:

@@ -35,7 +35,8 @@ DONE = b"data: [DONE]\n\n"
 
 def install(router: Router, state: ServerState) -> None:
     """Add the OpenAI routes to ``router``."""
-    router.add("GET", "/v1/models", lambda request, conn: list_models(state))
+    models = list_models(state)  # the card never changes while serving
+    router.add("GET", "/v1/models", lambda request, conn: models)
     router.add_prefix("GET", "/v1/models/", lambda request, conn: get_model(state, request.params["tail"]))
     router.add("POST", "/v1/chat/completions", lambda request, conn: chat_completions(state, request, conn),
                generation=True)

@@ -266,6 +266,10 @@ class FakeEngine:
                     time.sleep(delay)
                 else:
                     next_step = time.monotonic()
+            else:
+                # NOTE: a real runtime releases the GIL while the device runs a step;
+                # without this a back-to-back fake would hold it for whole switch intervals.
+                time.sleep(0)
         for live in doomed:
             if not live.is_cancelled:
                 live.sink(ErrorEvent(ExecutionError("the model worker stopped before the request finished")))

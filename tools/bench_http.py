@@ -1,0 +1,292 @@
+"""HTTP server benchmark: Flare's server next to uvicorn in the same run.
+
+Both servers run as subprocesses on this machine with the same fake model
+(flare.server.testing.FakeEngine, steps back to back) behind the same Engine
+interface; the reference is uvicorn with httptools + uvloop serving a raw ASGI
+app that answers the same routes with the same bytes (the ASGI app streams
+one ``http.response.body`` message per SSE event, as ASGI frameworks do, and
+renders the prompt inline where Flare uses its frontend worker pool).
+
+Figures, for each server:
+- requests/s for GET /health and GET /v1/models over 64 keep-alive connections;
+- SSE events/s: concurrent streaming chat completions (ignore_eos, fixed
+  max_tokens), counting ``data:`` events received by the client.
+
+The load generator is one uvloop process with raw protocols (no HTTP client
+library), so it costs far less per request than either server. The last line
+printed is one JSON object.
+
+    python tools/bench_http.py [--seconds 3] [--connections 64] [--streams 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import uvloop
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+LISTEN = re.compile(rb"(?:Flare listening on|Uvicorn running on) http://([\d.]+):(\d+)")
+CHAT_BODY = {"model": "flare-test/fake-model", "messages": [{"role": "user", "content": "benchmark"}],
+             "stream": True, "ignore_eos": True}
+
+
+# -- the reference: uvicorn + a raw ASGI app over the same fake engine ----------------------
+
+def uvicorn_main(port: int) -> None:
+    """Serve the reference ASGI app (runs in the reference subprocess)."""
+    import uvicorn
+
+    from flare.request import ErrorEvent, FinishEvent, TokenEvent
+    from flare.server.openai_schema import parse_chat
+    from flare.server.stream import EventStream
+    from flare.server.testing import FakeEngine, FakeEngineConfig
+
+    engine = FakeEngine(FakeEngineConfig(tokens_per_s=0, max_active=64, max_pending=1024))
+    card = {"id": engine.card.id, "object": "model", "created": engine.card.created, "owned_by": "flare",
+            "root": engine.card.identifier, "parent": None, "max_model_len": engine.card.max_model_len,
+            "capabilities": list(engine.card.capabilities), "aliases": []}
+    models_body = json.dumps({"object": "list", "data": [card]}, separators=(",", ":")).encode()
+    health_body = b'{"status":"ok"}'
+    json_headers = [(b"content-type", b"application/json")]
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        path = scope["path"]
+        if path in ("/health", "/v1/models"):
+            body = health_body if path == "/health" else models_body
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": json_headers + [(b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        gen = parse_chat(json.loads(b"".join(chunks)))
+        prompt = engine.prepare_chat(gen.messages, tools=gen.tools, options=gen.chat_options)
+        params = gen.sampling_params(len(prompt), engine.context_len)
+        stream = EventStream(asyncio.get_running_loop())
+        ticket = engine.submit(prompt, params, stream.sink)
+        head = (b'data: {"id":"chatcmpl-ref","object":"chat.completion.chunk","created":%d,"model":"%s",'
+                % (int(time.time()), engine.card.id.encode()))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": head + b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                                   b'"logprobs":null,"finish_reason":null}]}\n\n'})
+        try:
+            while True:
+                batch = await stream.next_batch()
+                for event in batch:
+                    if isinstance(event, TokenEvent):
+                        body = (head + b'"choices":[{"index":0,"delta":{"content":'
+                                + json.dumps(event.text, ensure_ascii=False).encode()
+                                + b'},"logprobs":null,"finish_reason":null}]}\n\n')
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
+                    elif isinstance(event, (FinishEvent, ErrorEvent)):
+                        reason = event.reason if isinstance(event, FinishEvent) else "error"
+                        await send({"type": "http.response.body", "more_body": False,
+                                    "body": head + b'"choices":[{"index":0,"delta":{},"logprobs":null,'
+                                                   b'"finish_reason":"%s"}]}\n\ndata: [DONE]\n\n' % reason.encode()})
+                        return
+        finally:
+            if not stream.is_terminal_received:
+                ticket.cancel()
+
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="info",
+                access_log=False, lifespan="on", backlog=4096, timeout_keep_alive=75)
+
+
+# -- load generation -------------------------------------------------------------------------
+
+class _RequestLoop(asyncio.Protocol):
+    """Sends one request, waits for its response, repeats (keep-alive, no pipelining)."""
+
+    def __init__(self, request: bytes, counts: list[int]):
+        self.request = request
+        self.counts = counts
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data):
+        # Responses here fit in one read; a status line marks each one.
+        n = data.count(b"HTTP/1.1 ")
+        if n:
+            self.counts[0] += n
+            self.transport.write(self.request)
+
+
+class _StreamLoop(asyncio.Protocol):
+    """Repeats one streaming request, counting SSE data events."""
+
+    def __init__(self, request: bytes, counts: list[int]):
+        self.request = request
+        self.counts = counts
+        self.tail = b""
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data):
+        data = self.tail + data
+        self.counts[0] += data.count(b"data: ")
+        self.tail = data[-12:] if not data.endswith(b"\n") else b""
+        if self.tail:
+            self.counts[0] -= self.tail.count(b"data: ")  # counted again with the next read
+        if b"data: [DONE]" in data:
+            self.counts[1] += 1
+            self.tail = b""
+            self.transport.write(self.request)
+
+
+async def _measure(host: str, port: int, protocol_factory, num_connections: int, seconds: float,
+                   warmup: float) -> float:
+    loop = asyncio.get_running_loop()
+    counts = [0, 0]
+    transports = []
+    for _ in range(num_connections):
+        transport, _ = await loop.create_connection(lambda: protocol_factory(counts), host, port)
+        transports.append(transport)
+    await asyncio.sleep(warmup)
+    start_count, start = counts[0], time.perf_counter()
+    await asyncio.sleep(seconds)
+    rate = (counts[0] - start_count) / (time.perf_counter() - start)
+    for transport in transports:
+        transport.close()
+    await asyncio.sleep(0.2)
+    return rate
+
+
+def _get(path: str, host: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+
+
+def _post_stream(host: str, max_tokens: int) -> bytes:
+    body = json.dumps({**CHAT_BODY, "max_tokens": max_tokens}).encode()
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _client_job(job: tuple[str, int, str, int, int, float, float]) -> float:
+    """One load-generator process: its share of the connections, its own loop."""
+    host, port, kind, num_connections, tokens, seconds, warmup = job
+    if kind == "sse":
+        request = _post_stream(host, tokens)
+        factory = lambda counts: _StreamLoop(request, counts)  # noqa: E731
+    else:
+        request = _get(kind, host)
+        factory = lambda counts: _RequestLoop(request, counts)  # noqa: E731
+    return uvloop.run(_measure(host, port, factory, num_connections, seconds, warmup))
+
+
+def _bench_server(host: str, port: int, args, pool) -> dict[str, float]:
+    results = {}
+    for name, kind, total in (("health_rps", "/health", args.connections), ("models_rps", "/v1/models", args.connections),
+                              ("sse_events_per_s", "sse", args.streams)):
+        shares = [total // args.clients + (i < total % args.clients) for i in range(args.clients)]
+        jobs = [(host, port, kind, n, args.tokens, args.seconds, args.warmup) for n in shares if n]
+        results[name] = sum(pool.map(_client_job, jobs))
+    return results
+
+
+def _start(argv: list[str]) -> tuple[subprocess.Popen, str, int]:
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen = b""
+    while True:
+        line = proc.stderr.readline()
+        if not line:
+            raise RuntimeError(f"server failed to start: {' '.join(argv)}\n{seen.decode(errors='replace')}")
+        seen += line
+        match = LISTEN.search(line)
+        if match:
+            # Keep reading stderr so the server never blocks on a full pipe.
+            import threading
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            return proc, match.group(1).decode(), int(match.group(2))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="measurement window per figure")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--connections", type=int, default=64, help="keep-alive connections for requests/s")
+    parser.add_argument("--streams", type=int, default=32, help="concurrent SSE streams")
+    parser.add_argument("--tokens", type=int, default=256, help="max_tokens of each streamed request")
+    parser.add_argument("--clients", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 2)),
+                        help="load-generator processes (the connections are split among them)")
+    parser.add_argument("--uvicorn-app", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.uvicorn_app is not None:
+        uvicorn_main(args.uvicorn_app)
+        return
+
+    servers = {
+        "flare": [sys.executable, "-m", "flare.server.testing", "--port", "0", "--tokens-per-s", "0",
+                  "--model-slots", "64", "--model-queue", "1024", "--queue-capacity", "1024",
+                  "--log-level", "warning"],
+        "uvicorn": [sys.executable, str(Path(__file__).resolve()), "--uvicorn-app", str(_free_port())],
+    }
+    env_note = f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs visible, {args.clients} client processes"
+    figures: dict[str, dict[str, float]] = {}
+    with concurrent.futures.ProcessPoolExecutor(args.clients) as pool:
+        for name, argv in servers.items():
+            proc, host, port = _start(argv)
+            try:
+                figures[name] = _bench_server(host, port, args, pool)
+            finally:
+                _stop(proc)
+    ours, ref = figures["flare"], figures["uvicorn"]
+    print(f"# {env_note}; {args.connections} keep-alive connections, {args.streams} SSE streams x "
+          f"{args.tokens} tokens, {args.seconds:g} s windows")
+    print(f"{'figure':<22}{'flare':>14}{'uvicorn':>14}{'ratio':>9}")
+    for key in ("health_rps", "models_rps", "sse_events_per_s"):
+        print(f"{key:<22}{ours[key]:>14,.0f}{ref[key]:>14,.0f}{ours[key] / ref[key]:>8.2f}x")
+    result = {}
+    for key in ("health_rps", "models_rps", "sse_events_per_s"):
+        result[key] = round(ours[key], 1)
+        result[f"{key}_uvicorn"] = round(ref[key], 1)
+        result[f"{key}_ratio"] = round(ours[key] / ref[key], 3)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
