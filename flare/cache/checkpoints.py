@@ -96,7 +96,8 @@ class PrefixCheckpointCache:
 
     ``num_pages`` and ``num_snapshots`` are the prepared capacities: resource
     IDs are zero-based ordinals below them. The cache tracks only the IDs it
-    owns or is retiring; the caller allocates everything else.
+    owns or is retiring; the caller allocates everything else. It takes no
+    locks: the model thread, through the scheduler, is its only client.
     """
 
     def __init__(self, identity: bytes, num_pages: int, num_snapshots: int):
