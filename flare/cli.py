@@ -1,0 +1,134 @@
+"""Command line: ``flare export``, ``flare run``, ``flare info`` and ``flare-serve``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .config import MAX_ACTIVE_LIMIT
+from .core.export import DTYPES, ExportOptions
+from .errors import Error
+
+
+def _progress(message: str) -> None:
+    print(f"[flare] {message}", file=sys.stderr, flush=True)
+
+
+def _export_parser(sub) -> None:
+    defaults = ExportOptions()
+    p = sub.add_parser("export", help="prepare a checkpoint directory or GGUF file as a core",
+                       description="Prepare SOURCE (a Hugging Face checkpoint directory or a .gguf file) "
+                                   "as a core directory that `flare run` serves.")
+    p.add_argument("source", type=Path, help="checkpoint directory or .gguf file")
+    p.add_argument("-o", "--output", type=Path, required=True, help="core directory to write")
+    p.add_argument("--context", type=int, default=None,
+                   help="tokens per request, prompt + output (default: the checkpoint's max_position_embeddings)")
+    p.add_argument("--max-active", type=int, default=defaults.max_active,
+                   help=f"concurrent requests the core is prepared for, 1..{MAX_ACTIVE_LIMIT} "
+                        f"(default {defaults.max_active})")
+    p.add_argument("--prefill-chunk-size", type=int, default=defaults.prefill_chunk_size,
+                   help=f"largest prefill chunk, a multiple of 64 (default {defaults.prefill_chunk_size})")
+    p.add_argument("--served-name", dest="served_names", action="append", default=[],
+                   help="model name clients may use (repeatable; the first is the advertised id)")
+    p.add_argument("--dtype", default=defaults.dtype, choices=("auto", *DTYPES),
+                   help="weight and KV dtype (default: the checkpoint's)")
+    p.add_argument("--identifier", default=None, help="checkpoint identifier reported as the model root")
+    p.add_argument("--context-hint", default=defaults.context_hint,
+                   help="appended to context-length errors")
+    p.add_argument("--capacity-hint", default=defaults.capacity_hint, help="appended to capacity errors")
+
+
+def _serve_arguments(p: argparse.ArgumentParser, *, core_optional: bool) -> None:
+    from .server.options import add_server_arguments
+
+    if core_optional:
+        p.add_argument("core", nargs="?", type=Path, default=None,
+                       help="core directory (default: the embedded SmolLM2-135M-Instruct demo core)")
+    else:
+        p.add_argument("core", type=Path, help="core directory written by `flare export`")
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--device", default=argparse.SUPPRESS, help="auto, cpu, cuda or cuda:N (default auto)")
+    engine.add_argument("--kv-memory-bytes", dest="kv_memory_bytes", type=int, default=argparse.SUPPRESS,
+                        help="KV cache budget (default: 1 GiB on the CPU, a fraction of free GPU memory)")
+    add_server_arguments(p)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server.native_engine import NativeEngine
+    from .server.options import load_server_config
+    from .server.session import serve
+
+    core = args.core
+    del args.core
+    config = load_server_config(args, os.environ)
+    if core is None:
+        from .core.embedded import demo_core
+        core = demo_core(_progress)
+    return serve(lambda progress: NativeEngine.load(core, config, progress), config)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .core.export import export_core
+
+    options = ExportOptions(
+        context=args.context, max_active=args.max_active, prefill_chunk_size=args.prefill_chunk_size,
+        served_names=tuple(args.served_names), dtype=args.dtype, identifier=args.identifier,
+        context_hint=args.context_hint, capacity_hint=args.capacity_hint,
+    )
+    export_core(args.source, args.output, options, _progress)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import json
+
+    from .core.format import load_core
+
+    core = load_core(args.core, verify=not args.no_verify)
+    r, c = core.recipe, core.contract
+    print(f"{core.identifier}: {r.architecture}, {r.num_layers} layers, hidden {r.hidden_size}, "
+          f"{r.num_params / 1e6:.1f}M parameters, {core.dtype}")
+    print(f"context {c.context}, max_active {c.max_active}, prefill_chunk_size {c.prefill_chunk_size}, "
+          f"served names {', '.join(c.served_names) or '-'}")
+    print(json.dumps({name: info["sha256"][:16] for name, info in core.assets.items()}, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="flare", description="Flare LLM inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _export_parser(sub)
+    run = sub.add_parser("run", help="serve a core over HTTP")
+    _serve_arguments(run, core_optional=False)
+    info = sub.add_parser("info", help="describe a core and verify its fingerprints")
+    info.add_argument("core", type=Path)
+    info.add_argument("--no-verify", action="store_true", help="skip SHA-256 verification")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "export":
+            return _export(args)
+        if args.command == "info":
+            return _info(args)
+        return _serve(args)
+    except Error as exc:
+        print(f"flare: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def serve_main(argv: Sequence[str] | None = None) -> int:
+    """``flare-serve [CORE]``: the same as ``flare run CORE``; the demo core without CORE."""
+    parser = argparse.ArgumentParser(prog="flare-serve", description="Serve a Flare core over HTTP")
+    _serve_arguments(parser, core_optional=True)
+    args = parser.parse_args(argv)
+    try:
+        return _serve(args)
+    except Error as exc:
+        print(f"flare-serve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

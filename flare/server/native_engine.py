@@ -1,0 +1,100 @@
+"""NativeEngine: the server's Engine over a loaded core (NativeModel + Frontend)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..config import EngineConfig, ServerConfig
+from ..core.format import Core, load_core
+from ..errors import FrontendError
+from ..frontend.frontend import AssetFingerprints, Frontend, TokenSettings
+from ..native import NativeModel
+from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
+
+log = logging.getLogger("flare.engine")
+
+
+def load_frontend(core: Core) -> Frontend:
+    """The core's tokenizer and chat template, verified against its fingerprints."""
+    settings = dict(core.contract.frontend)
+    tokens = TokenSettings(
+        bos_token=settings.get("bos_token"), eos_token=settings.get("eos_token"),
+        unk_token=settings.get("unk_token"), pad_token=settings.get("pad_token"),
+        add_bos_token=settings.get("add_bos_token"),
+        eos_token_ids=tuple(settings.get("eos_token_ids") or core.recipe.eos_token_ids),
+    )
+    template = core.asset("chat_template.jinja").read_bytes() if "chat_template.jinja" in core.assets else None
+    expected = AssetFingerprints(
+        tokenizer_json=core.assets["tokenizer.json"]["sha256"],
+        chat_template=core.assets["chat_template.jinja"]["sha256"] if template is not None else None,
+    )
+    return Frontend.load(core.asset("tokenizer.json").read_bytes(), template, expected, tokens)
+
+
+class NativeEngine:
+    """Implements flare.server.engine.Engine for a prepared core."""
+
+    def __init__(self, model: NativeModel, frontend: Frontend, served_names: Sequence[str] = ()):
+        self.model = model
+        self.frontend = frontend
+        core = model.core
+        self.context_len = model.context_len
+        self.max_active = model.loaded.contract.max_active
+        capabilities = ("completion", "chat") if frontend.template is not None else ("completion",)
+        self.card = ModelCard(identifier=core.identifier,
+                              served_names=tuple(served_names) or core.contract.served_names,
+                              max_model_len=self.context_len, capabilities=capabilities,
+                              created=int(time.time()),
+                              extra={"endpoint_path": frontend.endpoint_path, "dtype": core.dtype})
+
+    @classmethod
+    def load(cls, core_path: str | Path, config: ServerConfig, progress=None) -> "NativeEngine":
+        def say(message: str) -> None:
+            log.info("%s", message)
+            if progress is not None:
+                progress.report("loading", message)
+
+        core = load_core(Path(core_path), progress=say)
+        frontend = load_frontend(core)
+        say(f"chat template endpoints: {frontend.endpoint_path}")
+        capacity = (config.queue_capacity or 4 * (config.engine.max_active or core.contract.max_active)) \
+            + (config.engine.max_active or core.contract.max_active)
+        model = NativeModel.load(core, config.engine, progress=say,
+                                 decoder_factory=frontend.incremental_decoder, capacity=capacity,
+                                 capacity_hint=config.capacity_hint or core.contract.capacity_hint)
+        return cls(model, frontend, config.served_names)
+
+    @property
+    def failure(self):
+        return self.model.runtime.failure
+
+    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
+                     options: Mapping[str, Any]) -> PreparedPrompt:
+        return self.frontend.prepare_chat(messages, tools, options)
+
+    def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
+        if isinstance(prompt, str):
+            ids = self.frontend.encode(prompt, add_special_tokens=True)
+            return PreparedPrompt(np.asarray(ids, dtype=np.int32), (), prompt)
+        ids = np.asarray(list(prompt), dtype=np.int64)
+        vocab = self.model.core.recipe.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise FrontendError(f"prompt token IDs must be in [0, {vocab})")
+        return PreparedPrompt(ids.astype(np.int32))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.frontend.token_bytes(token_id)
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink):
+        return self.model.submit(prompt, params, sink)
+
+    def stats(self) -> Mapping[str, float]:
+        return self.model.runtime.stats()
+
+    def close(self, timeout: float | None = None) -> None:
+        self.model.close(timeout)
