@@ -50,7 +50,7 @@ def uvicorn_main(port: int) -> None:
 
     from flare.request import ErrorEvent, FinishEvent, TokenEvent
     from flare.server.openai_schema import parse_chat
-    from flare.server.stream import EventStream
+    from flare.server.stream import EventDispatcher, EventStream
     from flare.server.testing import FakeEngine, FakeEngineConfig
 
     engine = FakeEngine(FakeEngineConfig(tokens_per_s=0, max_active=64, max_pending=1024))
@@ -60,6 +60,7 @@ def uvicorn_main(port: int) -> None:
     models_body = json.dumps({"object": "list", "data": [card]}, separators=(",", ":")).encode()
     health_body = b'{"status":"ok"}'
     json_headers = [(b"content-type", b"application/json")]
+    dispatcher = None
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -86,7 +87,10 @@ def uvicorn_main(port: int) -> None:
         gen = parse_chat(json.loads(b"".join(chunks)))
         prompt = engine.prepare_chat(gen.messages, tools=gen.tools, options=gen.chat_options)
         params = gen.sampling_params(len(prompt), engine.context_len)
-        stream = EventStream(asyncio.get_running_loop())
+        nonlocal dispatcher
+        if dispatcher is None:
+            dispatcher = EventDispatcher(asyncio.get_running_loop())
+        stream = EventStream(dispatcher)
         ticket = engine.submit(prompt, params, stream.sink)
         head = (b'data: {"id":"chatcmpl-ref","object":"chat.completion.chunk","created":%d,"model":"%s",'
                 % (int(time.time()), engine.card.id.encode()))
@@ -164,7 +168,8 @@ class _StreamLoop(asyncio.Protocol):
 
 
 async def _measure(host: str, port: int, protocol_factory, num_connections: int, seconds: float,
-                   warmup: float) -> float:
+                   warmup: float) -> tuple[float, int]:
+    """(events/s in the window after warmup, events over the whole run)."""
     loop = asyncio.get_running_loop()
     counts = [0, 0]
     transports = []
@@ -175,10 +180,11 @@ async def _measure(host: str, port: int, protocol_factory, num_connections: int,
     start_count, start = counts[0], time.perf_counter()
     await asyncio.sleep(seconds)
     rate = (counts[0] - start_count) / (time.perf_counter() - start)
+    total = counts[0]
     for transport in transports:
         transport.close()
     await asyncio.sleep(0.2)
-    return rate
+    return rate, total
 
 
 def _get(path: str, host: str) -> bytes:
@@ -191,7 +197,7 @@ def _post_stream(host: str, max_tokens: int) -> bytes:
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def _client_job(job: tuple[str, int, str, int, int, float, float]) -> float:
+def _client_job(job: tuple[str, int, str, int, int, float, float]) -> tuple[float, int]:
     """One load-generator process: its share of the connections, its own loop."""
     host, port, kind, num_connections, tokens, seconds, warmup = job
     if kind == "sse":
@@ -203,13 +209,24 @@ def _client_job(job: tuple[str, int, str, int, int, float, float]) -> float:
     return uvloop.run(_measure(host, port, factory, num_connections, seconds, warmup))
 
 
-def _bench_server(host: str, port: int, args, pool) -> dict[str, float]:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bench_server(host: str, port: int, pid: int, args, pool) -> dict[str, float]:
+    """Each figure as events/s of wall time and per CPU-second of the server process."""
     results = {}
     for name, kind, total in (("health_rps", "/health", args.connections), ("models_rps", "/v1/models", args.connections),
                               ("sse_events_per_s", "sse", args.streams)):
         shares = [total // args.clients + (i < total % args.clients) for i in range(args.clients)]
         jobs = [(host, port, kind, n, args.tokens, args.seconds, args.warmup) for n in shares if n]
-        results[name] = sum(pool.map(_client_job, jobs))
+        cpu_before = _cpu_seconds(pid)
+        outcomes = list(pool.map(_client_job, jobs))
+        cpu = _cpu_seconds(pid) - cpu_before
+        results[name] = sum(rate for rate, _ in outcomes)
+        results[name.replace("_per_s", "").replace("_rps", "") + "_per_cpu_s"] = sum(n for _, n in outcomes) / cpu
     return results
 
 
@@ -271,22 +288,23 @@ def main() -> None:
         for name, argv in servers.items():
             proc, host, port = _start(argv)
             try:
-                figures[name] = _bench_server(host, port, args, pool)
+                figures[name] = _bench_server(host, port, proc.pid, args, pool)
             finally:
                 _stop(proc)
     ours, ref = figures["flare"], figures["uvicorn"]
     print(f"# {env_note}; {args.connections} keep-alive connections, {args.streams} SSE streams x "
           f"{args.tokens} tokens, {args.seconds:g} s windows")
-    print(f"{'figure':<22}{'flare':>14}{'uvicorn':>14}{'ratio':>9}")
-    for key in ("health_rps", "models_rps", "sse_events_per_s"):
-        print(f"{key:<22}{ours[key]:>14,.0f}{ref[key]:>14,.0f}{ours[key] / ref[key]:>8.2f}x")
+    keys = ("health_rps", "models_rps", "sse_events_per_s", "health_per_cpu_s", "models_per_cpu_s",
+            "sse_events_per_cpu_s")
+    print(f"{'figure':<24}{'flare':>14}{'uvicorn':>14}{'ratio':>9}")
+    for key in keys:
+        print(f"{key:<24}{ours[key]:>14,.0f}{ref[key]:>14,.0f}{ours[key] / ref[key]:>8.2f}x")
     result = {}
-    for key in ("health_rps", "models_rps", "sse_events_per_s"):
+    for key in keys:
         result[key] = round(ours[key], 1)
         result[f"{key}_uvicorn"] = round(ref[key], 1)
         result[f"{key}_ratio"] = round(ours[key] / ref[key], 3)
     print(json.dumps(result))
-
 
 if __name__ == "__main__":
     main()

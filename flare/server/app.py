@@ -12,6 +12,7 @@ new routes slot in without touching the protocol.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import logging
@@ -26,6 +27,7 @@ from .engine import Engine
 from .metrics import ServerMetrics
 from .protocol import HttpConnection, HttpRequest, ProtocolLimits
 from .response import Response
+from .stream import EventDispatcher
 
 log = logging.getLogger("flare.server")
 
@@ -83,6 +85,14 @@ class ServerState:
         self.is_draining = False  # shutting down: no new generation requests
         self.tickets: set[Any] = set()  # live RequestTickets, cancelled when the grace period ends
         self.streams: set[Any] = set()  # live EventStreams, abandoned with them
+        self._dispatcher: EventDispatcher | None = None
+
+    @property
+    def dispatcher(self) -> EventDispatcher:
+        """The event loop's EventDispatcher (created on first use, on the loop thread)."""
+        if self._dispatcher is None:
+            self._dispatcher = EventDispatcher(asyncio.get_running_loop())
+        return self._dispatcher
 
     def seconds_since_listen(self) -> float:
         return 0.0 if self.listen_started is None else time.monotonic() - self.listen_started

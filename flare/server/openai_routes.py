@@ -15,7 +15,6 @@ events that arrived together is written with one ``transport.write``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -102,7 +101,7 @@ async def _generate(state: ServerState, request: HttpRequest, conn: HttpConnecti
     if conn.is_lost:
         return None  # the client left while its prompt was prepared
     params = gen.sampling_params(len(prompt), state.engine.context_len, state.config.context_hint)
-    stream = EventStream(asyncio.get_running_loop())
+    stream = EventStream(state.dispatcher)
     ticket = state.engine.submit(prompt, params, stream.sink)  # raises AdmissionError (400/503)
     state.tickets.add(ticket)
     state.streams.add(stream)
@@ -175,21 +174,20 @@ async def _collect(state: ServerState, request: HttpRequest, stream: EventStream
 async def _stream(state: ServerState, request: HttpRequest, conn: HttpConnection, stream: EventStream,
                   fmt: "ChatFormat | CompletionFormat", gen: GenerationRequest, params: SamplingParams) -> Response | None:
     timing = _Timing(state, request)
-    is_started = False
-    while True:
-        batch = await stream.next_batch()
-        if not batch:
-            return None
+    first = await stream.next_batch()
+    if not first:
+        return None
+    if isinstance(first[0], ErrorEvent):
+        # Nothing was sent yet: the failure can still have its own status.
+        timing.on_end(time.monotonic())
+        return state.error_for(_as_error(first[0].error))
+    conn.start_stream()
+    state.metrics.count_response(200)
+    conn.write(fmt.opening())
+
+    def deliver(batch: list) -> None:
+        """Format a batch and write it with one transport write (dispatcher callback)."""
         now = time.monotonic()
-        if not is_started:
-            if isinstance(batch[0], ErrorEvent):
-                # Nothing was sent yet: the failure can still have its own status.
-                timing.on_end(now)
-                return state.error_for(_as_error(batch[0].error))
-            conn.start_stream()
-            state.metrics.count_response(200)
-            conn.write(fmt.opening())
-            is_started = True
         out: list[bytes] = []
         for event in batch:
             if isinstance(event, TokenEvent):
@@ -208,10 +206,15 @@ async def _stream(state: ServerState, request: HttpRequest, conn: HttpConnection
                 error = state.error_for(_as_error(event.error))
                 out.append(b"event: error\ndata: " + error.body + b"\n\n")
         conn.write(b"".join(out))
-        if stream.is_terminal_received:
-            return None
+        if conn.is_write_paused:
+            stream.stop_consuming()  # let the client catch up; events wait in the stream
+
+    deliver(first)
+    while not stream.is_terminal_received and not stream.is_abandoned:
         if conn.is_write_paused:
             await conn.drain()
+        await stream.consume(deliver)
+    return None
 
 
 def _as_error(error: BaseException) -> Error:
