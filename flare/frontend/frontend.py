@@ -127,12 +127,16 @@ class Frontend:
         tokenizer = Tokenizer(bytes(tokenizer_json))
         template = compiled = None
         if chat_template is not None:
-            if expected.chat_template is None:
-                raise FrontendError("chat template supplied without an expected SHA-256")
-            _verify("chat template", chat_template, expected.chat_template)
-            template = annotate_template(bytes(chat_template))
-            compiled = compile_template(template.text)
+            template, compiled = _load_template(chat_template, expected.chat_template)
         return cls(tokenizer, template, compiled, settings, defaults or {}, expected)
+
+    def with_chat_template(self, chat_template: bytes, expected_sha256: str,
+                           defaults: Mapping[str, Any] | None = None) -> "Frontend":
+        """Another template over the same tokenizer and settings (e.g. a named tool-use template)."""
+        template, compiled = _load_template(chat_template, expected_sha256)
+        fingerprints = AssetFingerprints(self.fingerprints.tokenizer_json, expected_sha256)
+        return Frontend(self.tokenizer, template, compiled, self.settings,
+                        self.defaults if defaults is None else defaults, fingerprints)
 
     @property
     def endpoint_path(self) -> str | None:
@@ -169,6 +173,8 @@ class Frontend:
         prompt = text.encode("utf-8")
         if cuts is None:
             cuts = self._differential(context, len(chat), prompt, continue_text is not None)
+            # Any shorter prefix of a preserved prefix is preserved too: round down to a token boundary.
+            return self._tokenize(text, prompt, cuts, round_down=True)
         return self._tokenize(text, prompt, cuts)
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
@@ -188,10 +194,10 @@ class Frontend:
 
         return differential_endpoints(render_prefix, num_complete, prompt)
 
-    def _tokenize(self, text: str, prompt: bytes, cuts: Sequence[int]) -> RenderedChat:
+    def _tokenize(self, text: str, prompt: bytes, cuts: Sequence[int], round_down: bool = False) -> RenderedChat:
         ids, starts, ends = self.tokenizer.encode_offsets(text)
         byte_cuts = sorted({c for c in cuts if 0 < c < len(prompt)})
-        endpoints = token_endpoints(byte_cuts, prompt, starts, ends)
+        endpoints = token_endpoints(byte_cuts, prompt, starts, ends, round_down=round_down)
         return RenderedChat(text, prompt, ids, tuple(endpoints), tuple(byte_cuts))
 
     # -- tokens -------------------------------------------------------------
@@ -225,6 +231,14 @@ class Frontend:
         if token_id is None:
             raise FrontendError(f"special token {token!r} is not in the vocabulary")
         return token_id
+
+
+def _load_template(chat_template: bytes, expected: str | None) -> tuple[AnnotatedTemplate, CompiledTemplate]:
+    if expected is None:
+        raise FrontendError("chat template supplied without an expected SHA-256")
+    _verify("chat template", chat_template, expected)
+    template = annotate_template(bytes(chat_template))
+    return template, compile_template(template.text)
 
 
 def _verify(asset: str, data: bytes, expected: str) -> None:
@@ -349,13 +363,16 @@ def _cut_at_tag(rendered: str, final_text: str) -> str:
 
 # -- endpoints -----------------------------------------------------------------
 
-def token_endpoints(byte_cuts: Sequence[int], prompt: bytes, starts: np.ndarray, ends: np.ndarray) -> list[int]:
+def token_endpoints(byte_cuts: Sequence[int], prompt: bytes, starts: np.ndarray, ends: np.ndarray,
+                    round_down: bool = False) -> list[int]:
     """Token counts for byte cuts where a token ends exactly and none straddles.
 
     ``starts``/``ends`` are token character offsets. A cut ``c`` (as a
     character index) maps to ``k`` tokens when the first ``k`` tokens all end
     at or before ``c`` with one ending exactly at ``c``, and every later token
-    starts at or after ``c``. Only 0 < k < len(tokens) is kept.
+    starts at or after ``c``. With ``round_down`` a cut that falls inside a
+    token moves back to the last such clean boundary before it instead of
+    being dropped. Only 0 < k < len(tokens) is kept.
     """
     num_tokens = len(starts)
     if num_tokens < 2 or not byte_cuts:
@@ -363,10 +380,17 @@ def token_endpoints(byte_cuts: Sequence[int], prompt: bytes, starts: np.ndarray,
     char_cuts = _byte_to_char(prompt, byte_cuts)
     end_max = np.maximum.accumulate(ends)  # [T] the furthest end among the first k tokens
     start_min = np.minimum.accumulate(starts[::-1])[::-1]  # [T] the earliest start from token k on
+    # clean[k-1]: the first k tokens end where all later ones start (a cut there splits nothing).
+    clean = np.append(start_min[1:] >= end_max[:-1], False)  # [T]
     out = []
     for cut in char_cuts:
         k = int(np.searchsorted(end_max, cut, side="right"))  # tokens whose prefix ends at or before cut
-        if 0 < k < num_tokens and end_max[k - 1] == cut and start_min[k] >= cut:
+        if round_down:
+            while k > 0 and not clean[k - 1]:
+                k -= 1
+        elif k == 0 or end_max[k - 1] != cut or not clean[k - 1]:
+            continue
+        if 0 < k < num_tokens:
             out.append(k)
     return sorted(set(out))
 

@@ -161,29 +161,31 @@ def _common_prefix_len(a: bytes, b: bytes) -> int:
 
 def differential_endpoints(render_prefix: Callable[[int], str | None], num_messages: int, final: bytes,
                            max_prefixes: int = 64) -> list[int]:
-    """Byte offsets where a preamble or a complete message ends, from prefix renders.
+    """Byte offsets up to which each prefix render survives in every later render.
 
     ``render_prefix(k)`` renders the first ``k`` messages without a generation
-    prompt (``None`` when the template rejects that prefix). The end of render
-    ``k`` is kept when every later render and ``final`` (the actual prompt)
-    start with render ``k``: by the chain rule of common prefixes it suffices
-    that its length is at most every common prefix of consecutive renders after
-    it. Only the last ``max_prefixes`` prefixes (and the empty one, the
-    preamble) are rendered.
+    prompt (``None`` when the template rejects that prefix). For render ``k``
+    the kept offset is the longest part of it that every later render and
+    ``final`` (the actual prompt) start with: usually all of it, the end of a
+    complete message; less when a template closes a conversation differently
+    (an end-of-sequence token when there is no generation prompt) or rewrites
+    earlier turns (reasoning dropped once a new user turn arrives). By the
+    chain rule of common prefixes, the common prefix of consecutive renders
+    bounds it. Only the last ``max_prefixes`` prefixes (and the empty one, the
+    preamble) are rendered. Callers round each offset down to a token boundary.
     """
     first = max(1, num_messages - max_prefixes + 1)
-    ks = [0] + list(range(first, num_messages + 1))
-    renders: list[tuple[int, bytes]] = []
-    for k in ks:
+    renders: list[bytes] = []
+    for k in [0] + list(range(first, num_messages + 1)):
         text = render_prefix(k)
         if text is not None:
-            renders.append((k, text.encode("utf-8")))
-    endpoints: list[int] = []
+            renders.append(text.encode("utf-8"))
+    endpoints: set[int] = set()
     bound = len(final)  # the least common prefix of everything after the current render
     later = final
-    for _, data in reversed(renders):
+    for data in reversed(renders):
         bound = min(bound, _common_prefix_len(data, later))
-        if 0 < len(data) <= bound and len(data) < len(final):
-            endpoints.append(len(data))
+        if 0 < bound < len(final):
+            endpoints.add(bound)
         later = data
-    return sorted(set(endpoints))
+    return sorted(endpoints)
