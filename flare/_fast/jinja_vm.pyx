@@ -532,9 +532,50 @@ cdef frozenset _GLOBAL_FUNCS = frozenset(GLOBALS.values())
 
 cdef inline object _str(object v):
     """str() as jinja2 prints: undefined is ''."""
+    cdef list pieces
     if type(v) is str:
         return v
+    if type(v) is list or type(v) is dict or type(v) is tuple:
+        pieces = []
+        _repr_into(v, pieces, 0)
+        return "".join(pieces)
     return str(v)
+
+
+cdef int _repr_into(object v, list out, int depth) except -1:
+    """Append repr(v) to ``out`` as pieces; equal to Python's repr for the acyclic
+    list/dict/tuple trees templates see (no per-container writer or Py_ReprEnter).
+    Deep nesting defers to Python's own repr."""
+    cdef object t = type(v)
+    cdef bint first = True
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* pkey
+    cdef PyObject* pitem
+    if t is str:
+        out.append(repr(v))
+    elif depth > 64 or (t is not list and t is not dict and t is not tuple):
+        out.append(repr(v))
+    elif t is dict:
+        out.append("{")
+        while PyDict_Next(v, &pos, &pkey, &pitem):
+            if not first:
+                out.append(", ")
+            first = False
+            _repr_into(<object>pkey, out, depth + 1)
+            out.append(": ")
+            _repr_into(<object>pitem, out, depth + 1)
+        out.append("}")
+    else:
+        out.append("[" if t is list else "(")
+        for item in v:
+            if not first:
+                out.append(", ")
+            first = False
+            _repr_into(item, out, depth + 1)
+        if t is tuple and len(v) == 1:
+            out.append(",")
+        out.append("]" if t is list else ")")
+    return 0
 
 
 cdef Py_ssize_t _utf8_len(str s):
@@ -1343,6 +1384,8 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
     if fid == F_LENGTH:
         return len(v)
     if fid == F_TRIM:
+        if not args and not kwargs:
+            return _str(v).strip()
         a = _bind("trim", args, kwargs, ("chars",), (None,))
         return _str(v).strip(a[0])
     if fid == F_TOJSON:
@@ -1364,6 +1407,8 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             return _failing_generator(TypeError("Can only get item pairs from a mapping."))
         return _generator(list(v.items()))
     if fid == F_JOIN:
+        if not kwargs and len(args) <= 1 and (not args or type(args[0]) is str):
+            return _guard_size((args[0] if args else "").join([_str(x) for x in v]))
         a = _bind("join", args, kwargs, ("d", "attribute"), ("", None))
         if a[1] is not None:
             parts = _attr_parts(a[1])
@@ -1709,14 +1754,18 @@ cdef class _Render:
     pass
 
 
+cdef Py_ssize_t _push_grow(list stack, Py_ssize_t sp, object v) except -1:
+    stack.append(v)
+    return sp + 1
+
+
 cdef inline Py_ssize_t _push(list stack, Py_ssize_t sp, object v) except -1:
     # The operand stack only grows: popping just moves sp, so no list resizing
     # (and realloc churn) happens per instruction.
-    if sp == PyList_GET_SIZE(stack):
-        stack.append(v)
-    else:
+    if sp < PyList_GET_SIZE(stack):
         stack[sp] = v
-    return sp + 1
+        return sp + 1
+    return _push_grow(stack, sp, v)
 
 
 cdef int _run(_Render st, Py_ssize_t pc) except -1:
@@ -1780,7 +1829,7 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             if type(v) is not str:
                 if type(v) is Undefined:
                     continue
-                v = str(v)
+                v = _str(v)
             out.append(v)
             st.out_chars += PyUnicode_GET_LENGTH(v)
             if st.out_chars > MAX_OUTPUT:
@@ -1913,9 +1962,13 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
         elif op == GETITEM:
             sp -= 1
             b = stack[sp]
-            sp -= 1
-            a = stack[sp]
-            sp = _push(stack, sp, _getitem(a, b))
+            a = stack[sp - 1]
+            if type(a) is dict and type(b) is str:
+                pv = PyDict_GetItem(a, b)
+                if pv != NULL:
+                    stack[sp - 1] = <object>pv
+                    continue
+            stack[sp - 1] = _getitem(a, b)
         elif op == BINARY:
             sp -= 1
             b = stack[sp]
@@ -2061,7 +2114,7 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
                 sp -= 1
                 v = stack[sp]
                 if type(v) is not str:
-                    v = "" if type(v) is Undefined else str(v)
+                    v = "" if type(v) is Undefined else _str(v)
                 out.append(v)
                 st.out_chars += PyUnicode_GET_LENGTH(v)
             chain = 0

@@ -188,3 +188,18 @@ def test_substring_search_long_runs():
     hay = "a" * 100_000 + "ab"
     for needle in ("ab", "aab", "b", "ba", "a" * 50, "c", ""):
         assert _IN.render({"needle": needle, "hay": hay}).startswith(str(needle in hay))
+
+
+# Printing containers uses our own repr; it must equal Python's (what jinja2 prints).
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.tuples(children, children)
+    | st.dictionaries(st.text(max_size=4) | st.integers(), children, max_size=4),
+    max_leaves=20)
+_PRINT = compile_template("{{ v }}|{{ v | string }}|{{ [v] ~ '' }}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(v=_JSONISH)
+def test_container_printing_matches_python(v):
+    assert _PRINT.render({"v": v}) == f"{v}|{v}|{[v]}"
