@@ -46,21 +46,21 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """HTTP server settings."""
+    """HTTP server settings (docs/serving.md; flags, FLARE_* variables and TOML keys share these names)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    served_names: tuple[str, ...] = ()
-    queue_capacity: int = 0  # 0 = 4 x max_active
-    frontend_workers: int = 2
+    host: str = "127.0.0.1"  # listen address
+    port: int = 8000  # listen port; 0 picks a free one (logged at startup)
+    api_key: str | None = None  # when set, every route but /health and /metrics needs "Bearer <api_key>"
+    served_names: tuple[str, ...] = ()  # model aliases; the first non-empty one is the /v1/models id
+    queue_capacity: int = 0  # HTTP requests admitted beyond max_active; 0 = 4 x max_active
+    frontend_workers: int = 2  # threads rendering templates and tokenizing, one request each
     max_body_bytes: int = 0  # 0 = derived from the context (32 bytes per token) + 1 MiB
-    max_header_bytes: int = 64 * 1024
-    max_url_bytes: int = 8 * 1024
-    request_timeout_s: float = 60.0  # a client must deliver a whole request in this time
-    keepalive_timeout_s: float = 75.0
-    shutdown_grace_s: float = 5.0
-    log_level: str = "info"
-    context_hint: str = ""
-    capacity_hint: str = ""
+    max_header_bytes: int = 64 * 1024  # request head (headers) limit; 431 beyond
+    max_url_bytes: int = 8 * 1024  # request target limit; 414 beyond
+    request_timeout_s: float = 60.0  # a client must deliver a whole request in this time (408)
+    keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
+    shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM/close, active responses get this long to finish
+    log_level: str = "info"  # debug, info, warning, error or critical
+    context_hint: str = ""  # appended to context-length errors: the setting that raises the limit
+    capacity_hint: str = ""  # appended to 429/503 capacity errors: the setting that raises the limit
     engine: EngineConfig = field(default_factory=EngineConfig)
