@@ -4,8 +4,14 @@
 # taps and the taps as int16 fixed-point weights at a precision shared by the
 # whole axis (PyTorch's "adaptive coefficient precision"). The passes round to
 # uint8 after each axis, width first, exactly like PyTorch's CPU uint8 kernel.
+# Every kernel set (KernelIsa) computes the same bytes.
 
 from libc.stdint cimport int16_t, int32_t, uint8_t
+
+
+cdef enum KernelIsa:
+    ISA_SCALAR = 0  # portable C, any CPU
+    ISA_AVX2 = 1    # x86-64 AVX2, chosen at run time when the CPU has it
 
 
 cdef struct AxisFilter:
@@ -20,11 +26,25 @@ cdef struct AxisFilter:
     const int32_t* pairs   # [out_size, max_pairs] weights 2j, 2j+1 packed as int16 pairs
 
 
-# Width pass: rows x in_w x channels -> rows x out_w x channels (C-contiguous rows).
-cdef void horizontal_pass(const uint8_t* src, Py_ssize_t src_row_len, Py_ssize_t rows,
-                          Py_ssize_t channels, uint8_t* dst, Py_ssize_t dst_row_len,
-                          const AxisFilter* axis, bint use_simd) noexcept nogil
+cdef class ResizeAxis:
+    cdef AxisFilter view               # valid while this object lives
+    cdef object starts, counts, weights, pairs
 
-# Height pass: in rows of `row_len` bytes -> axis.out_size rows of `row_len` bytes.
-cdef void vertical_pass(const uint8_t* src, Py_ssize_t row_len, uint8_t* dst,
-                        const AxisFilter* axis, bint use_simd) noexcept nogil
+
+# The KernelIsa named by "auto", "avx2" or "scalar" (ValueError if unavailable).
+cpdef int kernel_isa(str isa) except -1
+
+# Width pass: `rows` rows of in_size * channels bytes (row i at src + i * src_stride)
+# -> rows of out_size * channels bytes. `src_end` bounds every read of the source
+# buffer (one past its last readable byte); rows may be a window of that buffer.
+cdef void horizontal_pass(const uint8_t* src, Py_ssize_t src_stride, Py_ssize_t rows,
+                          Py_ssize_t channels, const uint8_t* src_end, uint8_t* dst,
+                          Py_ssize_t dst_stride, const AxisFilter* axis, int isa) noexcept nogil
+
+# Height pass for output rows [y_begin, y_end): source row r lives at
+# src + (r - first_row) * src_stride and holds row_len bytes; output row y goes to
+# dst + (y - y_begin) * dst_stride. Every source row the outputs read must be present.
+cdef void vertical_pass(const uint8_t* src, Py_ssize_t src_stride, Py_ssize_t first_row,
+                        Py_ssize_t row_len, uint8_t* dst, Py_ssize_t dst_stride,
+                        Py_ssize_t y_begin, Py_ssize_t y_end, const AxisFilter* axis,
+                        int isa) noexcept nogil

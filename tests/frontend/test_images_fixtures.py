@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from flare._fast.image_resize import resize_bicubic_aa
+from flare._fast.image_resize import ISAS, resize_bicubic_aa
 from flare.frontend.images import EncodedImage, ImageError, ImageProcessor, smart_resize
 
 HERE = Path(__file__).parent
@@ -102,9 +102,9 @@ def test_geometry_matches_reference(case):
 
 
 @pytest.mark.parametrize("case", FIXTURE["resize"], ids=lambda r: r["name"])
-@pytest.mark.parametrize("use_simd", [True, False], ids=["simd", "scalar"])
-def test_resize_kernel_matches_torchvision(case, use_simd):
+@pytest.mark.parametrize("isa", ISAS)
+def test_resize_kernel_matches_torchvision(case, isa):
     source = pattern(case["height"], case["width"], 3, case["seed"])
     assert digest(source) == case["input_sha256"]
-    out = resize_bicubic_aa(source, case["out_height"], case["out_width"], use_simd=use_simd)
+    out = resize_bicubic_aa(source, case["out_height"], case["out_width"], isa=isa)
     assert_matches(out, case["output"], "resized pattern")

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from flare._fast.image_patches import pack_patches
+from flare._fast.image_patches import resize_pack
 from flare._fast.image_resize import resize_bicubic_aa
 
 from .decode import decode_image
@@ -26,7 +26,7 @@ from .errors import ImageError
 from .geometry import ImageGeometry, image_geometry
 from .identity import semantic_identity, source_key
 from .limits import ImageLimits
-from .positions import position_interpolation, rope_positions, vision_positions
+from .positions import patch_positions, rope_positions
 from .profile import QWEN3_VL, QwenImageProfile
 from .rgb_image import RgbImage
 from .source import EncodedImage, parse_data_url
@@ -34,6 +34,10 @@ from .source import EncodedImage, parse_data_url
 IMAGE_PAD = "<|image_pad|>"
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
+
+# pixel_values of at least this many bytes are written with streaming
+# (non-temporal) stores: they would not stay in the cache anyway.
+STREAM_MIN_BYTES = 8 << 20
 
 # Modality ids of expanded prompt tokens (transformers' mm_token_type_ids).
 TEXT_MODALITY = 0
@@ -73,7 +77,7 @@ class ImageProcessor:
     def __init__(self, profile: QwenImageProfile = QWEN3_VL, limits: ImageLimits | None = None):
         self.profile = profile
         self.limits = limits if limits is not None else ImageLimits()
-        self._table = profile.normalization_table()
+        self._offset, self._divisor = profile.normalization()
         self._settings = profile.settings_key()
 
     # -- sources -----------------------------------------------------------
@@ -119,18 +123,23 @@ class ImageProcessor:
         geometries = [self.geometry(image) for image in images]
         offsets = np.zeros(len(images) + 1, dtype=np.int32)
         np.cumsum([g.num_patches for g in geometries], out=offsets[1:])
-        pixel_values = np.empty((int(offsets[-1]), profile.patch_dim), dtype=np.float32)
-        for image, geometry, start, end in zip(images, geometries, offsets[:-1], offsets[1:]):
-            resized = self.resize(image, geometry)
-            pack_patches(resized, profile.patch_size, profile.merge_size,
-                         profile.temporal_patch_size, self._table, pixel_values[start:end])
+        num_patches = int(offsets[-1])
+        pixel_values = _aligned_rows(num_patches, profile.patch_dim)
+        # Outputs past the last-level cache go out with streaming stores.
+        stream = pixel_values.nbytes >= STREAM_MIN_BYTES
+        start = 0
+        for image, geometry in zip(images, geometries):
+            end = start + geometry.num_patches
+            # Resize, normalise and pack in one pass; the resized image is never built.
+            resize_pack(image.pixels, geometry.resized_height, geometry.resized_width,
+                        profile.patch_size, profile.merge_size, profile.temporal_patch_size,
+                        self._offset, self._divisor, pixel_values[start:end], stream=stream)
+            start = end
         grids = [(g.grid_h, g.grid_w) for g in geometries]
-        indices, weights = position_interpolation(grids, profile.merge_size,
-                                                  profile.position_grid_side)
+        positions, indices, weights = patch_positions(grids, profile.merge_size,
+                                                      profile.position_grid_side)
         grid_thw = np.array([g.grid_thw for g in geometries], dtype=np.int64).reshape(-1, 3)
-        return ProcessedImages(pixel_values, grid_thw,
-                               vision_positions(grids, profile.merge_size),
-                               indices, weights, offsets)
+        return ProcessedImages(pixel_values, grid_thw, positions, indices, weights, offsets)
 
     # -- prompt ------------------------------------------------------------
 
@@ -161,6 +170,13 @@ class ImageProcessor:
         llm_grids = [(g.grid_h // g.merge_size, g.grid_w // g.merge_size) for g in geometries]
         positions, delta = rope_positions(len(token_ids), spans, llm_grids)
         return ExpandedPrompt(token_ids, is_image.astype(np.int32), positions, delta, tuple(spans))
+
+
+def _aligned_rows(rows: int, row_len: int) -> np.ndarray:
+    """An uninitialised [rows, row_len] float32 array whose data is 64-byte aligned."""
+    flat = np.empty(rows * row_len + 16, dtype=np.float32)
+    skip = (-flat.ctypes.data % 64) // 4
+    return flat[skip:skip + rows * row_len].reshape(rows, row_len)
 
 
 def _image_spans(is_image: np.ndarray, counts: list[int]) -> list[tuple[int, int]]:

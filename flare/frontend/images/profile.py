@@ -53,19 +53,18 @@ class QwenImageProfile:
         """Canonical bytes of every setting, for encoded-source keys."""
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
 
-    def normalization_table(self) -> np.ndarray:
-        """[3, 256] float32: the normalised value of each uint8 per channel.
+    def normalization(self) -> tuple[np.ndarray, np.ndarray]:
+        """(offset [3], divisor [3]) float32: a value x becomes (x - offset) / divisor.
 
         transformers fuses rescale and normalise: mean and std are divided by
         the rescale factor as float32 tensors, then ``(x - mean) / std`` runs
-        in float32. Built with the same float32 operations, so the table is
-        exactly what that computes (for Qwen: (x - 127.5) / 127.5).
+        in float32. The pack kernels run exactly those two float32 operations
+        (for Qwen: (x - 127.5) / 127.5).
         """
         scale = np.float32(1.0 / self.rescale_factor)
-        mean = np.asarray(self.image_mean, dtype=np.float32) * scale
-        std = np.asarray(self.image_std, dtype=np.float32) * scale
-        values = np.arange(256, dtype=np.float32)
-        return np.ascontiguousarray(((values[None, :] - mean[:, None]) / std[:, None]).astype(np.float32))
+        offset = np.asarray(self.image_mean, dtype=np.float32) * scale
+        divisor = np.asarray(self.image_std, dtype=np.float32) * scale
+        return np.ascontiguousarray(offset, dtype=np.float32), np.ascontiguousarray(divisor, dtype=np.float32)
 
 
 QWEN3_VL = QwenImageProfile()
