@@ -198,3 +198,37 @@ def test_bad_options_raise_config_errors(tmp_path, env, content, needle):
         env = {**env, "FLARE_CONFIG": str(path)}
     with pytest.raises(ConfigError, match=needle):
         load_server_config(args, env)
+
+
+# -- systemd ------------------------------------------------------------------------------------
+
+def test_systemd_notify_ready_and_stopping(tmp_path, engine_kind, fake_only):
+    import socket
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(30)
+        served = launch_with_env(engine_kind, {"NOTIFY_SOCKET": path})
+        assert sock.recv(4096).startswith(b"READY=1")
+        served.process.send_signal(signal.SIGTERM)
+        assert sock.recv(4096) == b"STOPPING=1"
+        assert served.process.wait(30) == 0
+
+
+def launch_with_env(kind, env):
+    from server_harness import start_subprocess
+    return start_subprocess([sys.executable, "-m", "flare.server.testing", "--port", "0"], kind=kind, env=env)
+
+
+def test_unit_file_runs_flare_serve_as_notify_service_with_hardening():
+    import configparser
+    from pathlib import Path
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(Path(__file__).resolve().parents[2] / "deploy" / "flare-serve.service")
+    service = unit["Service"]
+    assert service["Type"] == "notify" and service["Restart"] == "on-failure"
+    assert service["ExecStart"].split()[0].endswith("/flare-serve") and service["KillSignal"] == "SIGTERM"
+    for option in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "RestrictAddressFamilies"):
+        assert service[option], option
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
