@@ -1744,6 +1744,10 @@ cdef class Program:
             raise FrontendError("template exhausted memory") from None
         except Exception as exc:
             raise FrontendError(str(exc)) from exc
+        finally:
+            # Macros in slots point back at this render: empty the slots so the
+            # cycle is freed by refcounting instead of waiting for the GC.
+            del slots[:]
         text = "".join(st.buffers[0])
         if marked:
             return text, tuple(st.marks)

@@ -46,6 +46,14 @@ _STRING = re.compile(r"'([^'\\]*(?:\\.[^'\\]*)*)'|\"([^\"\\]*(?:\\.[^\"\\]*)*)\"
 _OPERATORS = ("//", "**", "==", "!=", "<=", ">=", "+", "-", "/", "*", "%", "~", "[", "]",
               "(", ")", "{", "}", "<", ">", "=", ".", ":", "|", ",", ";")
 _CLOSING = {"(": ")", "[": "]", "{": "}"}
+# One alternation per token, in jinja2's rule order (float before integer before name).
+_TOKEN = re.compile("|".join([
+    f"(?P<float>{_FLOAT.pattern})",
+    f"(?P<int>{_INT.pattern})",
+    f"(?P<name>{_NAME.pattern})",
+    f"(?P<string>{_STRING.pattern})",
+    "(?P<op>" + "|".join(re.escape(op) for op in _OPERATORS) + ")",
+]), re.S | re.I)
 
 
 class Token(NamedTuple):
@@ -147,36 +155,32 @@ def _lex_tag(source: Source, pos: int, is_block: bool, out: list[Token]) -> int:
             if m is not None:
                 out.append(Token(BLOCK_END if is_block else VAR_END, None, pos))
                 return m.end()
-        m = _FLOAT.match(src, pos)
-        if m is not None:
-            out.append(Token(FLOAT, float(m.group().replace("_", "")), pos))
+        m = _TOKEN.match(src, pos)
+        if m is None:
+            raise source.error(f"unexpected character {src[pos]!r}", pos)
+        kind = m.lastgroup
+        text = m.group()
+        if kind == "name":
+            out.append(Token(NAME, text, pos))
             pos = m.end()
             continue
-        m = _INT.match(src, pos)
-        if m is not None:
-            out.append(Token(INT, int(m.group().replace("_", ""), 0), pos))
+        if kind == "float":
+            out.append(Token(FLOAT, float(text.replace("_", "")), pos))
             pos = m.end()
             continue
-        m = _NAME.match(src, pos)
-        if m is not None:
-            out.append(Token(NAME, m.group(), pos))
+        if kind == "int":
+            out.append(Token(INT, int(text.replace("_", ""), 0), pos))
             pos = m.end()
             continue
-        m = _STRING.match(src, pos)
-        if m is not None:
-            raw = m.group()[1:-1]
+        if kind == "string":
             try:
-                value = raw.encode("ascii", "backslashreplace").decode("unicode-escape")
+                value = text[1:-1].encode("ascii", "backslashreplace").decode("unicode-escape")
             except UnicodeDecodeError as exc:
                 raise source.error(f"invalid string escape ({exc.reason})", pos) from None
             out.append(Token(STRING, value, pos))
             pos = m.end()
             continue
-        for op in _OPERATORS:
-            if src.startswith(op, pos):
-                break
-        else:
-            raise source.error(f"unexpected character {src[pos]!r}", pos)
+        op = text
         if op in _CLOSING:
             balance.append(_CLOSING[op])
         elif op in (")", "]", "}"):
