@@ -105,7 +105,7 @@ def uvicorn_main(port: int) -> None:
                 for event in batch:
                     if isinstance(event, TokenEvent):
                         body = (head + b'"choices":[{"index":0,"delta":{"content":'
-                                + json.dumps(event.text, ensure_ascii=False).encode()
+                                + json.encoder.encode_basestring(event.text).encode()
                                 + b'},"logprobs":null,"finish_reason":null}]}\n\n')
                         await send({"type": "http.response.body", "body": body, "more_body": True})
                     elif isinstance(event, (FinishEvent, ErrorEvent)):

@@ -230,6 +230,11 @@ def _dumps(payload: Any) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+# The C string encoder behind json.dumps, without building an encoder per call
+# (json.dumps with non-default options costs ~2 us; this ~0.2 us).
+_encode_text = json.encoder.encode_basestring
+
+
 class _Format:
     """Shared response framing: ids, creation time, the served model name."""
 
@@ -279,7 +284,7 @@ class ChatFormat(_Format):
 
     def token_chunk(self, event: TokenEvent, params: SamplingParams) -> bytes:
         if not event.logprobs:
-            return self._content_head + _dumps(event.text) + self._content_tail
+            return self._content_head + _encode_text(event.text).encode("utf-8") + self._content_tail
         return self._chunk({"index": 0, "delta": {"content": event.text},
                             "logprobs": {"content": self._logprobs(event.logprobs)}, "finish_reason": None})
 
@@ -320,7 +325,7 @@ class CompletionFormat(_Format):
 
     def token_chunk(self, event: TokenEvent, params: SamplingParams) -> bytes:
         if not event.logprobs:
-            return self._text_head + _dumps(event.text) + self._text_tail
+            return self._text_head + _encode_text(event.text).encode("utf-8") + self._text_tail
         return self._chunk({"index": 0, "text": event.text, "logprobs": self._logprobs(event.logprobs),
                             "finish_reason": None})
 
