@@ -149,17 +149,35 @@ class IncrementalDecoder:
     Each :meth:`push` decodes only the tokens since the last emitted chunk plus
     the chunk before it as context (so decoders that strip a leading space or
     join pieces see the same neighbours as a full decode): the cost is
-    O(new tokens), not O(all tokens).
+    O(new tokens), not O(all tokens). Text that ends in U+FFFD is held back
+    until a later token completes the character; in a valid UTF-8 stream that
+    takes a few tokens (a character is at most 4 bytes). When more than
+    :attr:`HOLD_TOKENS` tokens from earlier pushes are still pending, the text
+    before the trailing U+FFFD run is released (it can no longer change). When
+    the text is one U+FFFD run for :attr:`MAX_STALLS` pushes and more than
+    :attr:`MAX_PENDING` pending tokens, the stream holds invalid bytes (a valid
+    one completes a character within 4 bytes): all but its last 3 characters
+    are released and the window slides, which bounds it.
+
+    NOTE: byte-fallback decoding (tokenizers' ByteFallback) turns a whole run
+    of byte tokens into one U+FFFD per byte as soon as the run holds one invalid
+    byte, retroactively. For such invalid runs the stream keeps the characters
+    it already returned; for valid UTF-8 the concatenation equals a full decode.
     """
 
-    __slots__ = ("_tokenizer", "_skip", "_ids", "_read", "_prefix_text", "_num_tokens")
+    HOLD_TOKENS = 16
+    MAX_PENDING = 32
+    MAX_STALLS = 8
+
+    __slots__ = ("_tokenizer", "_skip", "_ids", "_read", "_emitted", "_stalls", "_num_tokens")
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        self._ids: list[int] = []  # the window: context tokens, then unread ones
-        self._read = 0  # window[:_read] was already emitted
-        self._prefix_text = ""  # decode(window[:_read])
+        self._ids: list[int] = []  # the window: context tokens, then pending ones
+        self._read = 0  # window[:_read] is context whose text was already returned
+        self._emitted = 0  # characters of decode(window) already returned
+        self._stalls = 0  # pushes in a row whose text ended in an incomplete character
         self._num_tokens = 0
 
     @property
@@ -173,22 +191,42 @@ class IncrementalDecoder:
         if not new_ids:
             return ""
         self._num_tokens += len(new_ids)
+        pending_before = len(self._ids) - self._read
         self._ids.extend(new_ids)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
-        if text.endswith(REPLACEMENT) or len(text) <= len(self._prefix_text):
-            return ""  # an incomplete character (or nothing visible yet): wait for more bytes
-        delta = text[len(self._prefix_text):]
-        # Slide the window: the tokens just emitted become the next context.
+        text = self._decode()
+        if len(text) <= self._emitted:
+            return ""  # nothing visible yet (skipped special tokens): keep the context as it is
+        held = 0
+        if text.endswith(REPLACEMENT):  # an incomplete character: wait for its remaining bytes
+            self._stalls += 1
+            if pending_before <= self.HOLD_TOKENS:
+                return ""
+            stable = text.rstrip(REPLACEMENT)
+            if len(stable) > self._emitted:
+                # Release what precedes the incomplete run but keep the window: the run's first
+                # bytes must stay in it, or their character could not complete.
+                delta, self._emitted = stable[self._emitted:], len(stable)
+                return delta
+            if pending_before <= self.MAX_PENDING or self._stalls <= self.MAX_STALLS:
+                return ""
+            held = 3  # invalid bytes: give up on completing them, all but the last 3 characters go out
+            text = text[:-held]
+        delta = text[self._emitted:]
+        # Slide the window: the pending tokens become the next context.
         del self._ids[:self._read]
         self._read = len(self._ids)
-        self._prefix_text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
+        self._emitted = max(0, len(self._decode()) - held)
+        self._stalls = 0
         return delta
+
+    def _decode(self) -> str:
+        return self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
 
     def flush(self) -> str:
         """End of generation: return whatever is still held back (incomplete bytes as U+FFFD)."""
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
-        delta = text[len(self._prefix_text):] if len(text) > len(self._prefix_text) else ""
+        delta = self._decode()[self._emitted:]
         self._ids.clear()
         self._read = 0
-        self._prefix_text = ""
+        self._emitted = 0
+        self._stalls = 0
         return delta

@@ -62,12 +62,18 @@ def test_incremental_equals_full_decode_on_random_splits(tokenizers_by_name, nam
 
 @settings(max_examples=60, deadline=None)
 @given(text=st.text(alphabet=st.characters(codec="utf-8"), max_size=40), data=st.data())
-def test_incremental_one_token_at_a_time_property(tokenizers_by_name, text, data):
+def test_incremental_decoding_property(tokenizers_by_name, text, data):
+    """Any text, any push sizes: the pieces add up to the full decode."""
     for name in ("smollm2", "llama-spm"):
         tokenizer = tokenizers_by_name[name]
         ids = tokenizer.encode(text)
         decoder = tokenizer.incremental_decoder()
-        pieces = [decoder.push([i]) for i in ids] + [decoder.flush()]
+        pieces, start = [], 0
+        while start < len(ids):
+            size = data.draw(st.integers(1, 6))
+            pieces.append(decoder.push(ids[start:start + size]))
+            start += size
+        pieces.append(decoder.flush())
         assert "".join(pieces) == tokenizer.decode(ids)
         for piece in pieces[:-1]:
             assert not piece.endswith("\ufffd") or "\ufffd" in text
@@ -96,6 +102,21 @@ def test_byte_fallback_pieces_are_held_back(tokenizers_by_name):
     decoder = tokenizer.incremental_decoder()
     out = [decoder.push([i]) for i in ids]
     assert out == ["a", "", "", "", "🦙", "b"]
+
+
+def test_invalid_byte_streams_do_not_grow_the_window(tokenizers_by_name):
+    tokenizer = tokenizers_by_name["llama-spm"]
+    lone = tokenizer.token_to_id("<0x80>")  # a continuation byte with no lead byte: never completes
+    ids = tokenizer.encode("ok") + [lone] * 60 + tokenizer.encode(" done") + [tokenizer.token_to_id("<0xE2>")]
+    decoder = tokenizer.incremental_decoder()
+    pieces, longest = [], 0
+    for i in ids:
+        pieces.append(decoder.push([i]))
+        longest = max(longest, len(decoder._ids))
+    assert longest <= 2 * IncrementalDecoder.MAX_PENDING + 4
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert "".join(pieces[:50]).count("\ufffd") >= 25  # released while the stream continues
 
 
 def test_special_tokens_skipped_or_kept(tokenizers_by_name):
