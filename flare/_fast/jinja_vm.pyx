@@ -21,9 +21,13 @@ from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.stdlib cimport malloc, free, realloc
 from libc.string cimport memset, memchr, memcmp
 
+import html as _html
+import itertools as _itertools
 import json
 import math
 import re
+import textwrap as _textwrap
+from urllib.parse import quote_from_bytes as _quote_from_bytes
 import string as _string
 from collections import abc as _abc
 from datetime import datetime
@@ -149,14 +153,16 @@ FILTER_NAMES = (
     "first", "float", "forceescape", "format", "indent", "int", "items", "join", "last",
     "length", "list", "lower", "map", "max", "min", "reject", "rejectattr", "replace",
     "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title",
-    "tojson", "trim", "unique", "upper", "wordcount",
+    "tojson", "trim", "unique", "upper", "wordcount", "groupby", "slice", "truncate",
+    "wordwrap", "striptags", "filesizeformat", "urlencode",
 )
 cdef enum Flt:
     F_ABS, F_ATTR, F_BATCH, F_CAPITALIZE, F_CENTER, F_DEFAULT, F_DICTSORT, F_ESCAPE
     F_FIRST, F_FLOAT, F_FORCEESCAPE, F_FORMAT, F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST
     F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX, F_MIN, F_REJECT, F_REJECTATTR, F_REPLACE
     F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR, F_SORT, F_STRING, F_SUM, F_TITLE
-    F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT
+    F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_GROUPBY, F_SLICE, F_TRUNCATE
+    F_WORDWRAP, F_STRIPTAGS, F_FILESIZEFORMAT, F_URLENCODE
 
 TEST_NAMES = (
     "defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
@@ -476,6 +482,20 @@ class Markup(str):
         return f"Markup({str.__repr__(self)})"
 
 
+class _GroupTuple(tuple):
+    """One ``groupby`` group: ``(grouper, list)``, printed as a plain tuple."""
+
+    __slots__ = ()
+
+    @property
+    def grouper(self):
+        return self[0]
+
+    @property
+    def list(self):
+        return self[1]
+
+
 # ---------------------------------------------------------------- globals
 
 def _raise_exception(message):
@@ -689,6 +709,8 @@ cdef object _getattr(object obj, str name):
             return BoundMethod(obj, name)
     if t is Macro and name == "name":
         return (<Macro>obj).name
+    if t is _GroupTuple and (name == "grouper" or name == "list"):
+        return obj[0] if name == "grouper" else obj[1]
     return _undef_attr(obj, name)
 
 
@@ -1287,6 +1309,13 @@ cdef object _indent(object s, tuple args, dict kwargs):
     return _guard_size(rv)
 
 
+cdef str _url_quote(object obj, bint for_qs):
+    if not isinstance(obj, bytes):
+        obj = str(obj).encode("utf-8")
+    rv = _quote_from_bytes(obj, b"" if for_qs else b"/")
+    return rv.replace("%20", "+") if for_qs else rv
+
+
 cdef object _select(_Render st, object value, tuple args, dict kwargs, bint lookup_attr,
                     bint want):
     cdef list parts = None
@@ -1560,6 +1589,89 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         return _escape(v)
     if fid == F_FORCEESCAPE:
         return _escape(str(v))
+    if fid == F_GROUPBY:
+        a = _bind("groupby", args, kwargs, ("attribute", "default", "case_sensitive"),
+                  (MISSING, None, False))
+        if a[0] is MISSING:
+            raise TypeError("groupby() missing required argument 'attribute'")
+        parts = _attr_parts(a[0])
+        lower = not a[2]
+        key = lambda item: _attrget(parts, item, a[1], lower)
+        out = [_GroupTuple((k, list(vals))) for k, vals in
+               _itertools.groupby(sorted(v, key=key), key)]
+        if lower:
+            # The group's key is the first member's real value, not the folded one.
+            out = [_GroupTuple((_attrget(parts, g[1][0], a[1], False), g[1])) for g in out]
+        return out
+    if fid == F_SLICE:
+        a = _bind("slice", args, kwargs, ("slices", "fill_with"), (MISSING, None))
+        if a[0] is MISSING:
+            raise TypeError("slice() missing required argument 'slices'")
+        seq = list(v)
+        per, extra = divmod(len(seq), a[0])
+        out = []
+        offset = 0
+        for k in range(a[0]):
+            start = offset + k * per
+            if k < extra:
+                offset += 1
+            tmp = seq[start:offset + (k + 1) * per]
+            if a[1] is not None and k >= extra:
+                tmp.append(a[1])
+            out.append(tmp)
+        return _generator(out)
+    if fid == F_TRUNCATE:
+        a = _bind("truncate", args, kwargs, ("length", "killwords", "end", "leeway"),
+                  (255, False, "...", 5))
+        length, killwords, end, leeway = a
+        if length < len(end):
+            raise FrontendError(f"expected length >= {len(end)}, got {length}")
+        if leeway < 0:
+            raise FrontendError(f"expected leeway >= 0, got {leeway}")
+        if len(v) <= length + leeway:
+            return v
+        if killwords:
+            return v[:length - len(end)] + end
+        return v[:length - len(end)].rsplit(" ", 1)[0] + end
+    if fid == F_WORDWRAP:
+        a = _bind("wordwrap", args, kwargs,
+                  ("width", "break_long_words", "wrapstring", "break_on_hyphens"),
+                  (79, True, None, True))
+        wrap = "\n" if a[2] is None else a[2]
+        return wrap.join([wrap.join(_textwrap.wrap(
+            line, width=a[0], expand_tabs=False, replace_whitespace=False,
+            break_long_words=a[1], break_on_hyphens=a[3])) for line in v.splitlines()])
+    if fid == F_STRIPTAGS:
+        text = str(v)
+        while (start := text.find("<!--")) != -1:
+            if (stop := text.find("-->", start)) == -1:
+                break
+            text = text[:start] + text[stop + 3:]
+        while (start := text.find("<")) != -1:
+            if (stop := text.find(">", start)) == -1:
+                break
+            text = text[:start] + text[stop + 1:]
+        return _html.unescape(" ".join(text.split()))
+    if fid == F_FILESIZEFORMAT:
+        a = _bind("filesizeformat", args, kwargs, ("binary",), (False,))
+        size = float(v)
+        base = 1024 if a[0] else 1000
+        prefixes = (("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB") if a[0]
+                    else ("kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"))
+        if size == 1:
+            return "1 Byte"
+        if size < base:
+            return f"{int(size)} Bytes"
+        for k, prefix in enumerate(prefixes):
+            unit = base ** (k + 2)
+            if size < unit:
+                return f"{base * size / unit:.1f} {prefix}"
+        return f"{base * size / unit:.1f} {prefix}"
+    if fid == F_URLENCODE:
+        if isinstance(v, str) or not isinstance(v, _abc.Iterable):
+            return _url_quote(v, False)
+        items = v.items() if isinstance(v, dict) else v
+        return "&".join([f"{_url_quote(k, True)}={_url_quote(x, True)}" for k, x in items])
     if fid == F_FORMAT:
         if args and kwargs:
             raise FrontendError("can't handle positional and keyword arguments at the same time")
