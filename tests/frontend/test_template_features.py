@@ -70,6 +70,10 @@ CASES = [
     "{% macro w() %}{{ caller(1, 2) }}{% endmacro %}{% call(a, b) w() %}{{ a + b }}{% endcall %}",
     "{% macro m(x) %}{% set y = x * 2 %}{{ y }}{% endmacro %}{{ m(2) }}{{ y }}",
     "{% macro m() %}M{% endmacro %}{{ m }}", "{% macro m(a, b=a) %}{{ b }}{% endmacro %}{{ m(4) }}",
+    # with blocks
+    "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% set z = 3 %}{% endwith %}{{ a }}{{ z }}",
+    "{% with %}{% set q = 1 %}{{ q }}{% endwith %}{{ q }}",
+    "{% for i in xs %}{% with x = i * 2 %}{{ x }}{% set i = 0 %}{{ i }}{% endwith %}{{ i }}{% endfor %}",
     # filter blocks, raw, generation, comments
     "{% filter upper %}abc {{ n }}{% endfilter %}", "{% filter trim | upper %}  x  {% endfilter %}",
     "{% raw %}{{ not parsed }}{% endraw %}", "{% generation %}gen {{ n }}{% endgeneration %}",

@@ -335,6 +335,27 @@ class CodeGen:
             self.patch(b)
         self.scope = outer
 
+    def stmt_With(self, node: n.With) -> None:
+        # Values are evaluated in the enclosing scope; the body is a scope of its own
+        # (jinja2: `{% with a = 1, b = a %}` binds b to the outer a).
+        for value in node.values:
+            self.expr(value)
+        outer = self.scope
+        scope = _Scope(outer, "loop")
+        names = [t.name for t in node.targets]
+        slots = [self.new_slot(scope, name) if name not in scope.names else scope.names[name]
+                 for name in names]
+        copies = []
+        for name in sorted(_assigned_names(node.body, set()) - set(names)):
+            copies.append((self.new_slot(scope, name), self.resolve(name, outer)))
+        if copies:
+            self.emit(Op.COPY_SLOTS, self.const(tuple(x for pair in copies for x in pair)))
+        for slot in reversed(slots):
+            self.emit(Op.STORE, slot)
+        self.scope = scope
+        self.body(node.body)
+        self.scope = outer
+
     def stmt_Loopctl(self, node: n.Loopctl) -> None:
         continues, breaks = self.loops[-1]
         if node.kind == "break":

@@ -181,6 +181,13 @@ class FilterBlock(Node):
 
 
 @dataclass(slots=True)
+class With(Node):
+    targets: list  # [Name]
+    values: list   # [Node], evaluated in the enclosing scope
+    body: list
+
+
+@dataclass(slots=True)
 class Loopctl(Node):
     kind: str  # break / continue
 

@@ -16,7 +16,7 @@ from flare.frontend.template.lexer import (
 _COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
 _TEST_ARG_START = {NAME, STRING, INT, FLOAT}
 _SUPPORTED_TAGS = ("for", "if", "set", "macro", "call", "filter", "break", "continue",
-                   "generation", "mark")
+                   "generation", "mark", "with")
 
 
 class Parser:
@@ -156,7 +156,7 @@ class Parser:
         name = tok.value
         if name not in _SUPPORTED_TAGS:
             if name in ("endfor", "endif", "endset", "endmacro", "endcall", "endfilter", "else",
-                        "elif", "endgeneration", "endraw"):
+                        "elif", "endgeneration", "endraw", "endwith"):
                 self.fail(f"unexpected '{name}'")
             self.fail(f"unsupported tag '{name}'")
         self.i += 1
@@ -283,6 +283,21 @@ class Parser:
             self.fail(f"'{kind}' outside of a for loop", tok)
         self.expect_block_end()
         return n.Loopctl(tok.pos, kind)
+
+    def parse_with(self, tok: Token):
+        targets, values = [], []
+        while self.cur.kind != BLOCK_END:
+            if targets:
+                self.expect_op(",")
+            target = self.parse_assign_target()
+            if not isinstance(target, n.Name):
+                self.fail("with can only assign names", tok)
+            targets.append(target)
+            self.expect_op("=")
+            values.append(self.parse_expression())
+        self.expect_block_end()
+        body = self.parse_body(("endwith",))
+        return n.With(tok.pos, targets, values, body)
 
     def parse_generation(self, tok: Token):
         self.expect_block_end()
