@@ -69,7 +69,11 @@ CASES = [
     "{% macro w() %}<{{ caller() }}>{% endmacro %}{% call w() %}inner {{ n }}{% endcall %}",
     "{% macro w() %}{{ caller(1, 2) }}{% endmacro %}{% call(a, b) w() %}{{ a + b }}{% endcall %}",
     "{% macro m(x) %}{% set y = x * 2 %}{{ y }}{% endmacro %}{{ m(2) }}{{ y }}",
-    "{% macro m() %}M{% endmacro %}{{ m }}", "{% macro m(a, b=a) %}{{ b }}{% endmacro %}{{ m(4) }}",
+    "{% macro m() %}M{% endmacro %}{{ m }}",
+    "{% set x = 1 %}{% macro m() %}{{ x }}{% set x = 2 %}{{ x }}{% endmacro %}{{ m() }}{{ x }}",
+    "{% for a in [1, 2] %}{% for b in [3] %}{% set a = a + b %}{{ a }}{% endfor %}{{ a }}{% endfor %}",
+    "{% macro outer() %}{% macro inner() %}I{{ y }}{% endmacro %}{% set y = 2 %}{{ inner() }}{% endmacro %}{{ outer() }}",
+    "{% set x %}a{% endset %}{% for i in [1] %}{% set x %}b{% endset %}{{ x }}{% endfor %}{{ x }}", "{% macro m(a, b=a) %}{{ b }}{% endmacro %}{{ m(4) }}",
     # with blocks
     "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% set z = 3 %}{% endwith %}{{ a }}{{ z }}",
     "{% with %}{% set q = 1 %}{{ q }}{% endwith %}{{ q }}",

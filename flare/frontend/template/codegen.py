@@ -415,9 +415,13 @@ class CodeGen:
             self.expr(default)
             self.emit(Op.STORE, slot)
             self.patch(j)
+        # Like a loop body, a macro's assigned names start from the enclosing value.
+        copies = []
         for local in sorted(_assigned_names(body, set()) - set(params)):
             if local not in scope.names:
-                self.new_slot(scope, local)
+                copies.append((self.new_slot(scope, local), self.resolve(local, outer)))
+        if copies:
+            self.emit(Op.COPY_SLOTS, self.const(tuple(x for pair in copies for x in pair)))
         self.body(body)
         self.emit(Op.RETURN)
         self.capture_depth -= 1
