@@ -55,6 +55,9 @@ class ImageHeader:
     exif: bytes | None = None   # TIFF-structured EXIF (after any "Exif\0\0" prefix)
     progressive: bool = False
     num_scans: int = 0
+    interlaced: bool = False     # png: Adam7
+    transparency: bool = False   # png: has a tRNS chunk
+    payload: tuple[tuple[int, int], ...] = ()  # png: [start, end) byte ranges of the IDAT data
 
     @property
     def num_pixels(self) -> int:
@@ -111,7 +114,8 @@ def _probe_png(data: bytes, limits: ImageLimits) -> ImageHeader:
     pos = len(PNG_SIGNATURE)
     ihdr = None
     exif = None
-    seen_idat = False
+    payload = []
+    transparency = False
     while True:
         if pos + 8 > n:
             raise ImageError("image_truncated", "PNG ends before its IEND chunk")
@@ -140,11 +144,15 @@ def _probe_png(data: bytes, limits: ImageLimits) -> ImageHeader:
         elif ctype == b"eXIf" and exif is None:
             exif = body[6:] if body.startswith(b"Exif\x00\x00") else body
         elif ctype == b"IDAT":
-            seen_idat = True
+            # Decoders read the first run of consecutive IDAT chunks only.
+            if not payload or payload[-1][1] + 4 == pos:
+                payload.append((pos + 8, end - 4))
+        elif ctype == b"tRNS":
+            transparency = True
         elif ctype == b"IEND":
             break
         pos = end
-    if not seen_idat:
+    if not payload:
         raise ImageError("image_corrupt", "PNG has no IDAT image data")
     width, height, bit_depth, color_type, compression, filter_method, interlace = ihdr
     if color_type not in _PNG_COLOR_TYPES:
@@ -156,7 +164,8 @@ def _probe_png(data: bytes, limits: ImageLimits) -> ImageHeader:
         raise ImageError("image_corrupt", "PNG IHDR names an unknown compression, filter or interlace")
     if width > 0x7FFFFFFF or height > 0x7FFFFFFF:
         raise ImageError("image_dimensions", f"PNG declares {width}x{height} pixels")
-    return ImageHeader("png", width, height, color, bit_depth, exif)
+    return ImageHeader("png", width, height, color, bit_depth, exif, interlaced=interlace == 1,
+                       transparency=transparency, payload=tuple(payload))
 
 
 def _probe_jpeg(data: bytes, limits: ImageLimits) -> ImageHeader:
