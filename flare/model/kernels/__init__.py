@@ -1,0 +1,30 @@
+"""Triton kernels for the CUDA path of the decoder.
+
+- :mod:`.attention`: paged attention over the KV page pool (decode with context
+  splits, chunked prefill), the same contract as
+  :func:`flare.model.attention.paged_attention_reference`.
+- :mod:`.elementwise`: fused RMSNorm, add + RMSNorm, rotate-half RoPE and SiLU-mul,
+  matching :mod:`flare.model.layers`.
+- :mod:`.gemv`: small-batch (M <= 8) linear layers that stream the weights, with a
+  selector that falls back to ``torch.nn.functional.linear``.
+
+Every wrapper is graph-capturable: launch shapes depend only on tensor shapes,
+dtypes and the device, never on tensor values, and no wrapper synchronises. Run
+each shape once before capture so compilation happens outside it. Importing
+this package needs triton; on CPU tensors the kernels run only under Triton's
+interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how
+tests/kernels checks them.
+"""
+
+from ._common import KernelInputError
+from .attention import MAX_SPLITS, choose_num_splits, paged_attention, paged_decode_attention, paged_prefill_attention
+from .elementwise import add_rms_norm, apply_rope, rms_norm, silu_mul
+from .gemv import MAX_ROWS, GemvConfig, default_config, linear, linear_small_m, prefers_small_m
+
+__all__ = [
+    "KernelInputError",
+    "MAX_ROWS", "MAX_SPLITS",
+    "GemvConfig", "default_config", "linear", "linear_small_m", "prefers_small_m",
+    "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
+    "add_rms_norm", "apply_rope", "rms_norm", "silu_mul",
+]

@@ -1,0 +1,221 @@
+"""Small-batch linear layers (M <= 8 rows) that stream the weight matrix once.
+
+At decode batch sizes a linear layer is a pass over its weight: ``out = x @ w.T``
+with x ``[M, K]`` and w ``[N, K]`` reads ``2*N*K`` bytes and does ``2*M*N*K``
+FLOPs, far under the H200's ~206 FLOP/byte balance point, so time is bytes over
+bandwidth. cuBLAS reaches about 82% of the copy ceiling there (DEVICE.md); the
+kernel here aims at more by keeping every multiprocessor streaming contiguous
+weight rows with several tiles in flight.
+
+A program owns ``BLOCK_N`` output columns (weight rows) and one of ``split_k``
+slices of K. Three inner products are available (:class:`GemvConfig`.mode):
+
+- ``"fma"`` (M == 1): multiply-accumulate the weight tile against x in registers
+  and reduce once at the end; no tensor cores, no shared memory.
+- ``"dot"``: ``x[16, BK] @ w[BN, BK].T`` on the tensor cores, x padded to 16 rows.
+- ``"swap"``: ``w[BN, BK] @ x[16, BK].T``, the weight as the wide operand.
+
+With ``split_k > 1`` each slice writes fp32 partials and a second kernel sums them
+(deterministic, no atomics). :func:`linear` is the selector: it runs the kernel
+where it was measured to beat ``torch.nn.functional.linear`` and falls back to
+torch everywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import require, require_inner_contiguous, require_same_device, sm_count
+
+MAX_ROWS = 8
+_MODES = {"fma": 0, "dot": 1, "swap": 2}
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch shape of :func:`linear_small_m` (see the module docstring for modes)."""
+
+    block_n: int = 32
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    mode: str = "dot"
+
+
+@triton.jit
+def _linear_small_m_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr,
+    M, N, K, s_xm, s_wn, s_om,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    # This split's K range, in whole BLOCK_K tiles.
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_start = split * k_span
+    k_stop = tl.minimum(k_start + k_span, K)
+
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn  # [BLOCK_N, 1]
+    x_rows = x_ptr + offs_m[:, None] * s_xm  # [BLOCK_M, 1]
+    if MODE == 0:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    elif MODE == 1:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k in range(k_start, k_stop, BLOCK_K):
+        ks = k + offs_k
+        if EVEN_N and EVEN_K:
+            w = tl.load(w_rows + ks[None, :])  # [BLOCK_N, BLOCK_K]
+        else:
+            w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
+        if EVEN_K:
+            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
+        else:
+            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
+        if MODE == 0:
+            acc += w.to(tl.float32) * x.to(tl.float32)
+        elif MODE == 1:
+            acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+    if MODE == 0:
+        result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
+    elif MODE == 1:
+        result = acc
+    else:
+        result = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            result += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * s_om + offs_n[None, :], result.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], result, mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(
+    part_ptr, bias_ptr, out_ptr, M, N, s_om,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat over [M, N]
+    ok = offs < M * N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for split in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + split * M * N + offs, mask=ok, other=0.0)
+    m = offs // N
+    n = offs % N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * s_om + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
+    """The launch shape used when none is given.
+
+    Pick the widest ``block_n`` that still gives every multiprocessor two programs
+    (so no SM idles while another finishes a second one), then split K until there
+    are at least that many programs.
+    """
+    sms = sm_count(device)
+    mode = "fma" if m == 1 else "dot"
+    block_n = 16
+    for candidate in (64, 32):
+        if triton.cdiv(n, candidate) >= 2 * sms:
+            block_n = candidate
+            break
+    block_k = 512 if mode == "fma" else 256
+    split_k = 1
+    while triton.cdiv(n, block_n) * split_k < 2 * sms and k // (block_k * split_k * 2) >= 4:
+        split_k *= 2
+    return GemvConfig(block_n=block_n, block_k=block_k, split_k=split_k,
+                      num_warps=4, num_stages=4 if mode != "fma" else 3, mode=mode)
+
+
+def _check(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    require(w.dim() == 2, kernel, f"w must be [N, K], got {tuple(w.shape)}")
+    require(x.dim() >= 1 and x.shape[-1] == w.shape[1], kernel,
+            f"x must be [..., K={w.shape[1]}], got {tuple(x.shape)}")
+    require(x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16, torch.float32), kernel,
+            f"x and w must share a float dtype, got {x.dtype} and {w.dtype}")
+    require(w.stride(1) == 1, kernel, f"w rows must be contiguous, got strides {tuple(w.stride())}")
+    require_inner_contiguous(kernel, "x", x)
+    tensors = {"x": x, "w": w}
+    if bias is not None:
+        require(bias.shape == (w.shape[0],) and bias.dtype == w.dtype and bias.is_contiguous(), kernel,
+                f"bias must be contiguous [{w.shape[0]}] {w.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+        tensors["bias"] = bias
+    require_same_device(kernel, **tensors)
+
+
+def linear_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   config: GemvConfig | None = None) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for at most MAX_ROWS rows: x ``[..., K]``, w ``[N, K]`` -> ``[..., N]``.
+
+    fp32 accumulation, output in x's dtype. ``config`` overrides
+    :func:`default_config` (the benchmark sweeps it).
+    """
+    kernel = "linear_small_m"
+    _check(kernel, x, w, bias)
+    n, k = w.shape
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    require(1 <= m <= MAX_ROWS, kernel, f"x must have 1..{MAX_ROWS} rows, got {m} (shape {tuple(x.shape)})")
+    cfg = config or default_config(m, n, k, x.device)
+    require(cfg.mode in _MODES, kernel, f"unknown mode {cfg.mode!r}")
+    require(cfg.mode != "fma" or m == 1, kernel, f"mode 'fma' takes one row, got {m}")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if cfg.split_k > 1 else out
+    bias_arg = bias if bias is not None else out
+    block_m = 1 if cfg.mode == "fma" else 16
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _linear_small_m_kernel[grid](
+        rows, w, bias_arg, out, part, m, n, k, rows.stride(0), w.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_N=n % cfg.block_n == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if cfg.split_k > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+            part, bias_arg, out, m, n, out.stride(0),
+            HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4,
+        )
+    return out.view(*x.shape[:-1], n)
+
+
+def prefers_small_m(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`linear` routes an ``[m, k] x [n, k]`` product to the Triton kernel."""
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and 1 <= m <= MAX_ROWS and k % 8 == 0
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` with small-batch products routed to :func:`linear_small_m`.
+
+    The decision reads only shapes, dtypes and the device, so it is fixed per
+    captured graph.
+    """
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if w.dim() == 2 and w.stride(1) == 1 and x.shape[-1] == w.shape[1] and x.dtype == w.dtype \
+            and prefers_small_m(m, w.shape[0], w.shape[1], x.dtype, x.device):
+        return linear_small_m(x, w, bias)
+    return F.linear(x, w, bias)
+
+
+__all__ = ["GemvConfig", "MAX_ROWS", "default_config", "linear", "linear_small_m", "prefers_small_m"]

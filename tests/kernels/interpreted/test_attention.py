@@ -1,0 +1,103 @@
+"""Paged attention kernels against paged_attention_reference, under the interpreter.
+
+Tiny shapes: the interpreter runs every program in Python. Each case still spans
+several pages, ragged lengths, shared and scratch pages, GQA groups and splits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flare.model.attention import AttentionBatch
+from flare.model.kernels import (
+    KernelInputError, MAX_SPLITS, choose_num_splits, paged_attention, paged_decode_attention, paged_prefill_attention,
+)
+
+from ..paged_cases import build_case, check_attention
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_splits", [1, 3, None], ids=["splits1", "splits3", "auto"])
+def test_decode_gqa_ragged_shared_pages(dtype, num_splits):
+    # Lengths: a single key, exactly one page, a page plus one, a long row; rows 1-3
+    # share row 0's first page (a reused prefix).
+    case = build_case(kv_lens=[1, 64, 65, 250], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
+                      max_pages=5, dtype=dtype, seed=1, shared_pages=1)
+    out = paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=num_splits)
+    check_attention("paged_decode_attention", out, case)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(2, 2, 32), (16, 2, 128), (4, 1, 96)],
+                         ids=["mha-d32", "group8-d128", "mqa-d96"])
+def test_decode_head_layouts(heads, kv_heads, head_dim):
+    case = build_case(kv_lens=[130, 7], q_len=1, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                      max_pages=3, dtype=torch.float32, seed=2)
+    out = paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=2)
+    check_attention("paged_decode_attention", out, case)
+
+
+def test_decode_more_splits_than_pages_and_padding_rows():
+    # 16 splits over rows of 1-3 pages: most splits are empty and must weigh nothing.
+    case = build_case(kv_lens=[3, 0, 190, 0], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32,
+                      max_pages=4, dtype=torch.bfloat16, seed=3, padding_rows=(1, 3))
+    out = paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=MAX_SPLITS)
+    check_attention("paged_decode_attention", out, case)
+    assert torch.equal(out[1].float(), torch.zeros_like(out[1].float())), "a row with no keys must output zeros"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["splits1", "splits4"])
+def test_prefill_chunk_over_cached_prefix(dtype, num_splits):
+    # Q=64 chunk after a 100-token prefix (keys 0..163), G=2.
+    case = build_case(kv_lens=[164], q_len=64, num_heads=4, num_kv_heads=2, head_dim=64, max_pages=4,
+                      dtype=dtype, seed=4)
+    out = paged_prefill_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=num_splits)
+    check_attention("paged_prefill_attention", out, case)
+
+
+def test_prefill_q128_ragged_rows_with_padding_tokens_and_rows():
+    # Row 0: whole chunk of 128 from position 0. Row 1: 37 new tokens after a shared
+    # 64-token prefix, the other 91 queries are padding tokens. Row 2: a padding row.
+    case = build_case(kv_lens=[128, 101, 0], num_new=[128, 37, 0], q_len=128, num_heads=4, num_kv_heads=1,
+                      head_dim=32, max_pages=3, dtype=torch.bfloat16, seed=5, shared_pages=1, padding_rows=(2,))
+    out = paged_prefill_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=2)
+    check_attention("paged_prefill_attention", out, case)
+
+
+def test_dispatch_by_query_length():
+    decode = build_case(kv_lens=[70, 9], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=2,
+                        dtype=torch.float32, seed=6)
+    check_attention("paged_attention (Q=1)", paged_attention(decode.q, decode.k_pool, decode.v_pool,
+                                                             decode.batch, decode.scale), decode)
+    prefill = build_case(kv_lens=[80], q_len=16, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=2,
+                         dtype=torch.float32, seed=7)
+    check_attention("paged_attention (Q=16)", paged_attention(prefill.q, prefill.k_pool, prefill.v_pool,
+                                                              prefill.batch, prefill.scale), prefill)
+
+
+def test_split_count_depends_only_on_static_shapes():
+    cpu = torch.device("cpu")  # the heuristic assumes the H200's 132 SMs off CUDA
+    assert choose_num_splits(1, 8, 1, 128, cpu) == MAX_SPLITS  # batch-1 decode, 8k context
+    assert choose_num_splits(64, 8, 1, 128, cpu) == 1  # 512 programs already fill the GPU
+    assert choose_num_splits(8, 8, 1, 128, cpu) == 5  # 64 programs: ~2 waves need 5 splits
+    assert choose_num_splits(1, 8, 1, 3, cpu) == 3  # never more splits than pages
+
+
+def test_bad_inputs_raise_typed_errors():
+    case = build_case(kv_lens=[10], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=1,
+                      dtype=torch.float32, seed=8)
+    with pytest.raises(KernelInputError, match="paged_decode_attention: q must be"):
+        paged_decode_attention(case.q.expand(1, 2, 4, 32), case.k_pool, case.v_pool, case.batch, case.scale)
+    with pytest.raises(KernelInputError, match="multiple of kv heads"):
+        paged_attention(case.q[:, :, :3], case.k_pool, case.v_pool, case.batch, case.scale)
+    with pytest.raises(KernelInputError, match="dtypes differ"):
+        paged_attention(case.q.bfloat16(), case.k_pool, case.v_pool, case.batch, case.scale)
+    with pytest.raises(KernelInputError, match="kv_lens must be"):
+        bad = AttentionBatch(case.batch.positions, case.batch.write_index, case.batch.page_table,
+                             case.batch.kv_lens.repeat(2))
+        paged_attention(case.q, case.k_pool, case.v_pool, bad, case.scale)
+    with pytest.raises(KernelInputError, match="num_splits"):
+        paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=MAX_SPLITS + 1)

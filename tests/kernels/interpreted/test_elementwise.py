@@ -1,0 +1,109 @@
+"""Fused elementwise kernels against flare.model.layers, under the interpreter.
+
+The kernels keep the reference's rounding points, so in bf16 nearly every element
+is bit-identical; the rest differ by one bf16 ulp (fp32 sums in another order).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flare.model import layers
+from flare.model.kernels import KernelInputError, add_rms_norm, apply_rope, rms_norm, silu_mul
+
+
+def assert_matches(kernel: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Same shape and dtype, within one ulp everywhere; in bf16 bit-identical almost everywhere.
+
+    fp32 results differ in the last bits (sums in another order), so only the
+    tolerance applies there; a bf16 result rounded at a different point than the
+    reference would miss the bit-identical fraction.
+    """
+    assert got.shape == want.shape and got.dtype == want.dtype, \
+        f"{kernel}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}"
+    low_precision = want.dtype != torch.float32
+    ulp = torch.finfo(want.dtype).eps * (1 if low_precision else 8)
+    torch.testing.assert_close(got.float(), want.float(), rtol=ulp, atol=ulp,
+                               msg=lambda m: f"{kernel} {tuple(want.shape)} {want.dtype}: {m}")
+    if low_precision:
+        exact = float((got == want).float().mean())
+        assert exact >= 0.97, f"{kernel}: only {exact:.1%} of elements are bit-identical to the reference"
+
+
+def _qkv_head_view(dtype, b=2, t=3, heads=4, kv_heads=2, d=32, seed=0):
+    """q as the decoder slices it out of the fused projection: a strided [B, T, H, D] view."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, t, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    return qkv[..., :heads * d].view(b, t, heads, d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rms_norm_rows_and_strided_heads(dtype):
+    gen = torch.Generator().manual_seed(1)
+    x = (3 * torch.randn(5, 200, generator=gen)).to(dtype)  # width not a power of two
+    w = torch.randn(200, generator=gen).to(dtype)
+    assert_matches("rms_norm", rms_norm(x, w, 1e-6), layers.rms_norm(x, w, 1e-6))
+    q = _qkv_head_view(dtype)  # q/k norm of Qwen3: per head, over D
+    wq = torch.randn(32, generator=gen).to(dtype)
+    assert not q.is_contiguous()
+    assert_matches("rms_norm", rms_norm(q, wq, 1e-6), layers.rms_norm(q, wq, 1e-6))
+
+
+def test_rms_norm_promotes_like_the_reference():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 64, generator=gen).bfloat16()
+    w = torch.randn(64, generator=gen)  # fp32 weight: the reference's output is fp32
+    assert_matches("rms_norm", rms_norm(x, w, 1e-5), layers.rms_norm(x, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_add_rms_norm_returns_normed_and_new_residual(dtype):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 96, generator=gen).to(dtype)
+    residual = (4 * torch.randn(2, 3, 96, generator=gen)).to(dtype)
+    w = torch.randn(96, generator=gen).to(dtype)
+    normed, new_residual = add_rms_norm(x, residual, w, 1e-6)
+    want_residual = residual + x
+    assert torch.equal(new_residual, want_residual), "add_rms_norm: the new residual must be the exact sum"
+    assert_matches("add_rms_norm", normed, layers.rms_norm(want_residual, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_apply_rope_on_strided_heads(dtype):
+    gen = torch.Generator().manual_seed(4)
+    q = _qkv_head_view(dtype, d=48, seed=4)  # D/2 = 24: not a power of two
+    angles = torch.rand(2, 3, 24, generator=gen) * 6.0
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    assert_matches("apply_rope", apply_rope(q, cos, sin), layers.apply_rope(q, cos, sin))
+
+
+def test_apply_rope_tokens_by_heads():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 3, 64, generator=gen).bfloat16()  # [T, H, D]
+    cos, sin = torch.randn(7, 64, generator=gen), torch.randn(7, 64, generator=gen)
+    assert_matches("apply_rope", apply_rope(x, cos, sin), layers.apply_rope(x, cos, sin))
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 600), (4, 2 * 1100)], ids=["3d", "2d-two-blocks"])
+def test_silu_mul(shape):
+    gen = torch.Generator().manual_seed(6)
+    gate_up = (2 * torch.randn(*shape, generator=gen)).bfloat16()
+    assert_matches("silu_mul", silu_mul(gate_up), layers.silu_mul(gate_up))
+
+
+def test_bad_inputs_raise_typed_errors():
+    x = torch.randn(2, 8)
+    with pytest.raises(KernelInputError, match=r"rms_norm: weight must be \[8\]"):
+        rms_norm(x, torch.ones(9), 1e-6)
+    with pytest.raises(KernelInputError, match="add_rms_norm: residual must match"):
+        add_rms_norm(x, torch.randn(2, 9), torch.ones(8), 1e-6)
+    with pytest.raises(KernelInputError, match="apply_rope: head_dim must be even"):
+        apply_rope(torch.randn(2, 3, 7), torch.randn(2, 7), torch.randn(2, 7))
+    with pytest.raises(KernelInputError, match="apply_rope: cos must be"):
+        apply_rope(torch.randn(2, 3, 8), torch.randn(3, 8), torch.randn(2, 8))
+    with pytest.raises(KernelInputError, match="silu_mul: gate_up must be"):
+        silu_mul(torch.randn(2, 7))
+    with pytest.raises(KernelInputError, match="contiguous last dimension"):
+        rms_norm(torch.randn(8, 2).t(), torch.ones(8), 1e-6)

@@ -1,0 +1,96 @@
+"""linear_small_m against a float64 F.linear, under the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flare.model.kernels import GemvConfig, KernelInputError, MAX_ROWS, default_config, linear, linear_small_m
+from flare.model.kernels.gemv import prefers_small_m
+
+
+def check_linear(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, label: str) -> None:
+    want = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    assert got.shape == want.shape and got.dtype == x.dtype, f"linear_small_m [{label}]: shape/dtype {got.shape}"
+    err = float((got.double() - want).norm() / want.norm())
+    # fp32 accumulation; bf16 adds the output rounding (2^-9 relative).
+    allowed = 1e-6 if x.dtype == torch.float32 else 4e-3
+    assert err <= allowed, f"linear_small_m [{label}]: relative L2 error {err:.2e} > {allowed:.0e}"
+
+
+CONFIGS = [
+    GemvConfig(block_n=32, block_k=128, mode="dot"),
+    GemvConfig(block_n=64, block_k=64, split_k=3, mode="swap"),
+    GemvConfig(block_n=16, block_k=256, split_k=2, mode="dot"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m", [1, 3, MAX_ROWS])
+@pytest.mark.parametrize("config", CONFIGS, ids=["dot", "swap-split3", "dot-split2"])
+def test_tensor_core_modes(dtype, m, config):
+    gen = torch.Generator().manual_seed(m)
+    # N and K both off the tile grid (ragged last tiles and splits).
+    x = torch.randn(m, 320, generator=gen).to(dtype)
+    w = torch.randn(100, 320, generator=gen).to(dtype)
+    bias = torch.randn(100, generator=gen).to(dtype) if m != 3 else None
+    check_linear(linear_small_m(x, w, bias, config=config), x, w, bias, f"M={m} {dtype} {config}")
+
+
+@pytest.mark.parametrize("config", [GemvConfig(block_n=16, block_k=128, mode="fma"),
+                                    GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma")], ids=["fma", "fma-split4"])
+def test_single_row_fma_mode(config):
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 1, 512, generator=gen).bfloat16()  # leading dims flatten to one row
+    w = torch.randn(96, 512, generator=gen).bfloat16()
+    bias = torch.randn(96, generator=gen).bfloat16()
+    got = linear_small_m(x, w, bias, config=config)
+    assert got.shape == (1, 1, 96)
+    check_linear(got, x, w, bias, str(config))
+
+
+def test_default_config_for_llama3_8b_shapes():
+    cpu = torch.device("cpu")  # 132 SMs assumed
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+        for m in (1, 2, 8):
+            cfg = default_config(m, n, k, cpu)
+            programs = -(-n // cfg.block_n) * cfg.split_k
+            assert programs >= 2 * 132, f"{(m, n, k)}: {cfg} launches only {programs} programs"
+            assert (cfg.mode == "fma") == (m == 1)
+    # A narrow output splits K so the grid still covers the GPU.
+    assert default_config(2, 896, 4864, cpu).split_k > 1
+
+
+def test_default_config_runs():
+    gen = torch.Generator().manual_seed(10)
+    for m in (1, 4):
+        x = torch.randn(m, 256, generator=gen).bfloat16()
+        w = torch.randn(48, 256, generator=gen).bfloat16()
+        check_linear(linear_small_m(x, w), x, w, None, f"default M={m}")
+
+
+def test_selector_routes_only_small_batches_on_cuda():
+    cuda = torch.device("cuda")
+    assert prefers_small_m(1, 4096, 4096, torch.bfloat16, cuda)
+    assert prefers_small_m(MAX_ROWS, 4096, 4096, torch.bfloat16, cuda)
+    assert not prefers_small_m(MAX_ROWS + 1, 4096, 4096, torch.bfloat16, cuda)
+    assert not prefers_small_m(1, 4096, 4096, torch.float32, cuda)
+    assert not prefers_small_m(1, 4096, 4096, torch.bfloat16, torch.device("cpu"))
+    # On the CPU the selector is F.linear itself.
+    x, w = torch.randn(2, 16).bfloat16(), torch.randn(8, 16).bfloat16()
+    assert torch.equal(linear(x, w), F.linear(x, w))
+
+
+def test_bad_inputs_raise_typed_errors():
+    w = torch.randn(8, 16)
+    with pytest.raises(KernelInputError, match=r"x must have 1\.\.8 rows, got 9"):
+        linear_small_m(torch.randn(9, 16), w)
+    with pytest.raises(KernelInputError, match=r"x must be \[\.\.\., K=16\]"):
+        linear_small_m(torch.randn(2, 15), w)
+    with pytest.raises(KernelInputError, match="share a float dtype"):
+        linear_small_m(torch.randn(2, 16).bfloat16(), w)
+    with pytest.raises(KernelInputError, match="mode 'fma' takes one row"):
+        linear_small_m(torch.randn(2, 16), w, config=GemvConfig(mode="fma"))
+    with pytest.raises(KernelInputError, match="bias must be"):
+        linear_small_m(torch.randn(2, 16), w, torch.randn(9))
