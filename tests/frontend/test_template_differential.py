@@ -4,6 +4,7 @@ to jinja2 as Transformers configures it, or fail with the same message."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,66 @@ def test_corpus_covers_the_brief():
     assert {(True, True), (False, False), (True, "absent")} <= options
     long = dict(CONTEXTS)["history_200"]
     assert len(long["messages"]) > 200
+
+
+# Randomised conversations (roles in any order, missing or None fields, tool calls with
+# string/object arguments, content parts) against every template: whatever jinja2
+# renders or raises, we must render or raise identically.
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_TEXT = st.lists(st.sampled_from(list("ab <>/\n{}\"'é😀") + ["</think>", "<think>",
+                                                             "<tool_response>"]),
+                 max_size=8).map("".join)
+_ARGS = st.one_of(st.dictionaries(st.sampled_from(["city", "n", "q"]),
+                                  st.one_of(_TEXT, st.integers(-3, 3), st.booleans()), max_size=2),
+                  _TEXT)
+_TOOL_CALL = st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.sampled_from(["get_weather", "web_search"]), "arguments": _ARGS})},
+    optional={"id": st.sampled_from(["c1", "c2"])})
+_CONTENT = st.one_of(_TEXT, st.none(), st.lists(st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}),
+    st.fixed_dictionaries({"type": st.just("image")})), max_size=2))
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": _CONTENT},
+    optional={"tool_calls": st.lists(_TOOL_CALL, max_size=2), "reasoning_content": _TEXT,
+              "name": st.just("get_weather")})
+_CONTEXT = st.fixed_dictionaries(
+    {"messages": st.lists(_MESSAGE, min_size=1, max_size=5),
+     "add_generation_prompt": st.booleans(),
+     "tools": st.none()},
+    optional={"enable_thinking": st.booleans()})
+
+
+def _all_templates():
+    from flare import fixtures
+    root = fixtures.ensure_fixtures()
+    shared = Path(__file__).resolve().parents[3] / "shared" / "templates"
+    files = _template_files(root / "templates", shared if shared.is_dir() else None)
+    out = []
+    for path in files:
+        source = path.read_text(encoding="utf-8")
+        out.append((path.name, reference_compile(source), compile_template(source)))
+    return out
+
+
+_TEMPLATES: list = []
+
+
+@settings(max_examples=int(os.environ.get("FLARE_FUZZ_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(ctx=_CONTEXT)
+def test_random_conversations_match_jinja2(ctx):
+    if not _TEMPLATES:
+        _TEMPLATES.extend(_all_templates())
+    from template_corpus import SPECIAL_TOKENS, WEATHER_TOOL
+    ctx = {**ctx, **SPECIAL_TOKENS, "documents": None}
+    for tools in (None, [WEATHER_TOOL]):
+        ctx["tools"] = tools
+        for name, reference, ours in _TEMPLATES:
+            def ref_render(c, reference=reference):
+                try:
+                    return reference.render(**c)
+                except Exception as exc:  # noqa: BLE001
+                    raise FrontendError(str(exc)) from exc
+            assert _outcome(ours.render, ctx) == _outcome(ref_render, ctx), name
