@@ -8,8 +8,8 @@ in the tokenizer or the template VM):
 - :class:`Tokenizer`, :class:`IncrementalDecoder`
 """
 
-from __future__ import annotations
-
+# NOTE: no ``from __future__ import annotations`` here: it would bind the name
+# ``annotations`` on this package and shadow the ``annotations`` subpackage.
 import importlib
 from typing import Any
 

@@ -310,7 +310,8 @@ def test_fingerprint_mismatch_names_the_asset_and_both_hashes(smollm2_assets):
     wrong = "0" * 64
     with pytest.raises(FrontendError) as caught:
         Frontend.load(tokenizer_json, template, AssetFingerprints(wrong, good.chat_template), settings)
-    assert "tokenizer.json" in str(caught.value) and wrong in str(caught.value) and good.tokenizer_json in str(caught.value)
+    message = str(caught.value)
+    assert "tokenizer.json" in message and wrong in message and good.tokenizer_json in message
     with pytest.raises(FrontendError, match=f"chat template fingerprint mismatch: expected SHA-256 {wrong}, got "
                                             f"{good.chat_template}"):
         Frontend.load(tokenizer_json, template, AssetFingerprints(good.tokenizer_json, wrong), settings)
