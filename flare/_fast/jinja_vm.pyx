@@ -1870,6 +1870,20 @@ cdef class _Render:
     pass
 
 
+cdef inline Py_ssize_t _work(object v):
+    """Extra fuel for values whose size measures the work done on them (filters,
+    method calls and `in` over long strings or lists): one unit per 64 characters
+    (copying text is cheap) or per item (each item is an object), so loops over big
+    inputs exhaust the budget instead of hanging."""
+    if type(v) is str:
+        return PyUnicode_GET_LENGTH(v) >> 6
+    if type(v) is list:
+        return PyList_GET_SIZE(v)
+    if type(v) is tuple:
+        return len(v)
+    return 0
+
+
 cdef Py_ssize_t _push_grow(list stack, Py_ssize_t sp, object v) except -1:
     stack.append(v)
     return sp + 1
@@ -1960,6 +1974,8 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             b = stack[sp]
             sp -= 1
             a = stack[sp]
+            if arg >= 6:
+                fuel -= _work(b)  # `in` scans the container
             sp = _push(stack, sp, _compare(arg, a, b))
         elif op == JUMP_IF_FALSE:
             sp -= 1
@@ -2019,8 +2035,11 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
                 args = ()
             sp -= 1
             v = stack[sp]
+            fuel -= _work(v)
             st.fuel = fuel
-            sp = _push(stack, sp, _filter(st, p.spec_id[arg], v, args, kwargs))
+            v = _filter(st, p.spec_id[arg], v, args, kwargs)
+            fuel -= _work(v)
+            sp = _push(stack, sp, v)
         elif op == TEST:
             nargs = p.spec_nargs[arg]
             kwnames = <tuple>p.spec_kw[arg]
@@ -2052,12 +2071,13 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
                 args = ()
             sp -= 1
             v = stack[sp]
+            fuel -= _work(v)
             st.fuel = fuel
             if op == CALL_METHOD:
                 v = _call_method(st, v, <str>p.spec_name[arg], args, kwargs)
             else:
                 v = _call(st, v, args, kwargs)
-            fuel = st.fuel
+            fuel = st.fuel - _work(v)
             sp = _push(stack, sp, v)
         elif op == JUMP_IF_FALSE_KEEP:
             v = stack[sp - 1]

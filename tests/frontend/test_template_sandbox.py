@@ -43,6 +43,14 @@ HOSTILE_AT_RENDER = {
     "join_blowup": "{% set s = 'a' * 30000000 %}{{ [s, s, s] | join }}",
     "output_flood": "{% set s = 'x' * 50000000 %}{% for i in range(100) %}{{ s }}{% endfor %}",
     "unsafe_method": "{{ messages.append(1) }}",
+    "repeated_big_filter": "{% set big = 'x' * 2000000 %}{% for i in range(100000) %}"
+                           "{% set y = big | tojson %}{% endfor %}",
+    "repeated_big_search": "{% set big = 'x' * 5000000 %}{% for i in range(100000) %}"
+                           "{% if 'y' in big %}{% endif %}{% endfor %}",
+    "repeated_big_split": "{% set big = 'a,' * 1000000 %}{% for i in range(100000) %}"
+                          "{% set parts = big.split(',') %}{% endfor %}",
+    "deep_input_json": "{{ deep | tojson }}",
+    "deep_input_print": "{{ deep }}",
     "callable_value": "{{ messages[0].content() }}",
 }
 
@@ -56,13 +64,26 @@ def test_rejected_at_load(source):
 @pytest.mark.parametrize("name", sorted(HOSTILE_AT_RENDER))
 def test_fails_fast_at_render(name):
     tpl = compile_template(HOSTILE_AT_RENDER[name])
-    ctx = {"messages": [{"role": "user", "content": "hi"}]}
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    ctx = {"messages": [{"role": "user", "content": "hi"}], "deep": deep}
     start = time.perf_counter()
     with pytest.raises(FrontendError):
         tpl.render(ctx)
     assert time.perf_counter() - start < 10.0
     # The template stays usable and the process healthy after the failure.
     assert compile_template("{{ 1 + 1 }}").render({}) == "2"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",
+    "{% if x %}" * 3000 + "{% endif %}" * 3000,
+    "{{ x" + ".a" * 20000 + " }}",
+])
+def test_deep_nesting_in_source_fails_at_load(source):
+    with pytest.raises(FrontendError):
+        compile_template(source)
 
 
 def test_fuel_is_configurable():
