@@ -64,58 +64,95 @@ cdef extern from *:
     }
 
     /* Width pass over RGB rows, two rows per register (one per 128-bit lane,
-       sharing every weight). A 16-byte load holds the output pixel's next four
-       taps; two byte shuffles widen them to int16 pairs [R_j R_j+1 G_j G_j+1
-       B_j B_j+1 0 0] for vpmaddwd against the packed pair [w_j w_j+1]. Taps past
-       a window's count have weight zero (the pairs are zero padded). */
-    FLARE_AVX2_FN void flare_horizontal_rgb_avx2(
-            const uint8_t* src, ptrdiff_t src_stride, ptrdiff_t rows, const uint8_t* src_end,
-            uint8_t* dst, ptrdiff_t dst_stride, ptrdiff_t out_w, const int32_t* starts,
-            const int32_t* counts, const int32_t* pairs, ptrdiff_t max_pairs, int precision) {
+       sharing every weight). A 16-byte load holds an output pixel's next five
+       taps; byte shuffles widen them to int16 pairs [R_j R_j+1 G_j G_j+1 B_j
+       B_j+1 0 0] for vpmaddwd against the packed weight pair [w_j w_j+1].
+       Taps past a window's count have weight zero (the pairs are zero padded),
+       and a lone fifth tap is paired with zero samples. */
+    FLARE_AVX2_FN __m256i flare_h_taps(const uint8_t* p0, const uint8_t* p1, const uint8_t* end,
+                                       int n, const int32_t* wp, __m256i acc) {
         const __m256i taps01 = _mm256_setr_epi8(
             0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
             0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
         const __m256i taps23 = _mm256_setr_epi8(
             6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,
             6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+        const __m256i taps4 = _mm256_setr_epi8(
+            12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, -1, -1, -1, -1,
+            12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, -1, -1, -1, -1);
+        int j = 0;
+        for (; n - j > 5; j += 4, wp += 2) {
+            const __m256i px = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(flare_load16(p0 + 3 * j, end)), flare_load16(p1 + 3 * j, end), 1);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps01),
+                                                          _mm256_set1_epi32(wp[0])));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps23),
+                                                          _mm256_set1_epi32(wp[1])));
+        }
+        const __m256i px = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(flare_load16(p0 + 3 * j, end)), flare_load16(p1 + 3 * j, end), 1);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps01),
+                                                      _mm256_set1_epi32(wp[0])));
+        if (n - j > 2)
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps23),
+                                                          _mm256_set1_epi32(wp[1])));
+        if (n - j > 4)
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps4),
+                                                          _mm256_set1_epi32(wp[2])));
+        return acc;
+    }
+
+    /* Two output pixels of two rows per step: both accumulators are narrowed
+       together and each row's six bytes leave in one 8-byte store (its last
+       two bytes land on the next pixel, written next). */
+    FLARE_AVX2_FN void flare_horizontal_rgb_avx2(
+            const uint8_t* src, ptrdiff_t src_stride, ptrdiff_t rows, const uint8_t* src_end,
+            uint8_t* dst, ptrdiff_t dst_stride, ptrdiff_t out_w, const int32_t* starts,
+            const int32_t* counts, const int32_t* pairs, ptrdiff_t max_pairs, int precision) {
         const __m128i shift = _mm_cvtsi32_si128(precision);
         const __m256i half = _mm256_set1_epi32(1 << (precision - 1));
+        /* [R G B . R' G' B' .] -> [R G B R' G' B' . .] within each lane. */
+        const __m256i gather6 = _mm256_setr_epi8(
+            0, 1, 2, 4, 5, 6, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+            0, 1, 2, 4, 5, 6, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         for (ptrdiff_t y = 0; y < rows; y += 2) {
             const int has_pair = y + 1 < rows;
             const uint8_t* row0 = src + y * src_stride;
             const uint8_t* row1 = has_pair ? row0 + src_stride : row0;
             uint8_t* out0 = dst + y * dst_stride;
             uint8_t* out1 = out0 + dst_stride;
-            for (ptrdiff_t x = 0; x < out_w; x++) {
-                const ptrdiff_t first = (ptrdiff_t)starts[x] * 3;
-                const int n = counts[x];
-                const int32_t* wp = pairs + x * max_pairs;
-                __m256i acc = half;
-                for (int j = 0; j < n; j += 4) {
-                    const __m256i px = _mm256_inserti128_si256(
-                        _mm256_castsi128_si256(flare_load16(row0 + first + 3 * j, src_end)),
-                        flare_load16(row1 + first + 3 * j, src_end), 1);
-                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(
-                        _mm256_shuffle_epi8(px, taps01), _mm256_set1_epi32(wp[j >> 1])));
-                    if (j + 2 < n)
-                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(
-                            _mm256_shuffle_epi8(px, taps23), _mm256_set1_epi32(wp[(j >> 1) + 1])));
-                }
-                acc = _mm256_sra_epi32(acc, shift);
-                acc = _mm256_packs_epi32(acc, acc);
-                acc = _mm256_packus_epi16(acc, acc);  /* [R G B .] per lane, clamped */
-                const uint32_t v0 = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
-                const uint32_t v1 = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
-                if (x + 1 < out_w) {
-                    /* The fourth byte lands on the next pixel, written next. */
-                    memcpy(out0 + 3 * x, &v0, 4);
+            ptrdiff_t x = 0;
+            for (; x + 1 < out_w; x += 2) {
+                const ptrdiff_t first_a = (ptrdiff_t)starts[x] * 3, first_b = (ptrdiff_t)starts[x + 1] * 3;
+                __m256i a = flare_h_taps(row0 + first_a, row1 + first_a, src_end, counts[x],
+                                         pairs + x * max_pairs, half);
+                __m256i b = flare_h_taps(row0 + first_b, row1 + first_b, src_end, counts[x + 1],
+                                         pairs + (x + 1) * max_pairs, half);
+                a = _mm256_packs_epi32(_mm256_sra_epi32(a, shift), _mm256_sra_epi32(b, shift));
+                a = _mm256_shuffle_epi8(_mm256_packus_epi16(a, a), gather6);
+                const uint64_t v0 = (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(a));
+                const uint64_t v1 = (uint64_t)_mm_cvtsi128_si64(_mm256_extracti128_si256(a, 1));
+                if (x + 2 < out_w) {
+                    memcpy(out0 + 3 * x, &v0, 8);
                     if (has_pair)
-                        memcpy(out1 + 3 * x, &v1, 4);
+                        memcpy(out1 + 3 * x, &v1, 8);
                 } else {
-                    memcpy(out0 + 3 * x, &v0, 3);
+                    memcpy(out0 + 3 * x, &v0, 6);
                     if (has_pair)
-                        memcpy(out1 + 3 * x, &v1, 3);
+                        memcpy(out1 + 3 * x, &v1, 6);
                 }
+            }
+            if (x < out_w) {
+                const ptrdiff_t first = (ptrdiff_t)starts[x] * 3;
+                __m256i a = flare_h_taps(row0 + first, row1 + first, src_end, counts[x],
+                                         pairs + x * max_pairs, half);
+                a = _mm256_packs_epi32(_mm256_sra_epi32(a, shift), _mm256_setzero_si256());
+                a = _mm256_packus_epi16(a, a);
+                const uint32_t v0 = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(a));
+                const uint32_t v1 = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(a, 1));
+                memcpy(out0 + 3 * x, &v0, 3);
+                if (has_pair)
+                    memcpy(out1 + 3 * x, &v1, 3);
             }
         }
     }

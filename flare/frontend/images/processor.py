@@ -21,6 +21,7 @@ import numpy as np
 from flare._fast.image_patches import resize_pack
 from flare._fast.image_resize import resize_bicubic_aa
 
+from .arena import OutputArena
 from .decode import decode_image
 from .errors import ImageError
 from .geometry import ImageGeometry, image_geometry
@@ -35,9 +36,13 @@ IMAGE_PAD = "<|image_pad|>"
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
 
+# The pixel_values block an ImageProcessor keeps for reuse, at most: a
+# 4-megapixel image's 100 MB, or a batch of smaller ones.
+OUTPUT_REUSE_BYTES = 256 << 20
+
 # pixel_values of at least this many bytes are written with streaming
 # (non-temporal) stores: they would not stay in the cache anyway.
-STREAM_MIN_BYTES = 8 << 20
+STREAM_MIN_BYTES = 1 << 20
 
 # Modality ids of expanded prompt tokens (transformers' mm_token_type_ids).
 TEXT_MODALITY = 0
@@ -74,9 +79,13 @@ class ExpandedPrompt:
 class ImageProcessor:
     """Native image preparation for one profile (Qwen3-VL by default)."""
 
-    def __init__(self, profile: QwenImageProfile = QWEN3_VL, limits: ImageLimits | None = None):
+    def __init__(self, profile: QwenImageProfile = QWEN3_VL, limits: ImageLimits | None = None,
+                 *, output_reuse_bytes: int = OUTPUT_REUSE_BYTES):
+        """``output_reuse_bytes`` bounds the pixel_values block kept for reuse
+        between ``process`` calls (flare/frontend/images/arena.py); 0 disables it."""
         self.profile = profile
         self.limits = limits if limits is not None else ImageLimits()
+        self._arena = OutputArena(output_reuse_bytes)
         self._offset, self._divisor = profile.normalization()
         self._settings = profile.settings_key()
 
@@ -124,7 +133,7 @@ class ImageProcessor:
         offsets = np.zeros(len(images) + 1, dtype=np.int32)
         np.cumsum([g.num_patches for g in geometries], out=offsets[1:])
         num_patches = int(offsets[-1])
-        pixel_values = _aligned_rows(num_patches, profile.patch_dim)
+        pixel_values = self._arena.rows(num_patches, profile.patch_dim)
         # Outputs past the last-level cache go out with streaming stores.
         stream = pixel_values.nbytes >= STREAM_MIN_BYTES
         start = 0
@@ -170,13 +179,6 @@ class ImageProcessor:
         llm_grids = [(g.grid_h // g.merge_size, g.grid_w // g.merge_size) for g in geometries]
         positions, delta = rope_positions(len(token_ids), spans, llm_grids)
         return ExpandedPrompt(token_ids, is_image.astype(np.int32), positions, delta, tuple(spans))
-
-
-def _aligned_rows(rows: int, row_len: int) -> np.ndarray:
-    """An uninitialised [rows, row_len] float32 array whose data is 64-byte aligned."""
-    flat = np.empty(rows * row_len + 16, dtype=np.float32)
-    skip = (-flat.ctypes.data % 64) // 4
-    return flat[skip:skip + rows * row_len].reshape(rows, row_len)
 
 
 def _image_spans(is_image: np.ndarray, counts: list[int]) -> list[tuple[int, int]]:
