@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -69,6 +69,8 @@ class GgufTokenizer:
     tokenizer_config: dict  # tokenizer_config.json
     eos_token_ids: list[int]  # generation_config.json eos_token_id: eos first, then end-of-turn tokens
     bos_token_id: int | None
+    # Named extra templates (tokenizer.chat_template.<name>, e.g. Command R's "tool_use" and "rag").
+    named_chat_templates: dict[str, str] = field(default_factory=dict)
 
 
 # -- pre-tokenizers ----------------------------------------------------------
@@ -610,8 +612,10 @@ def _assemble(meta: _Metadata, types: np.ndarray, built: _Built) -> GgufTokenize
         "chat_template": meta.get("tokenizer.chat_template") or None,
     }
     config = {key: value for key, value in config.items() if value is not None}
+    named = {name: meta.get(f"tokenizer.chat_template.{name}") for name in meta.get("tokenizer.chat_templates") or ()}
     return GgufTokenizer(tokenizer_json=tokenizer_json, tokenizer_config=config,
-                         eos_token_ids=_eog_ids(tokens, ids), bos_token_id=bos_id)
+                         eos_token_ids=_eog_ids(tokens, ids), bos_token_id=bos_id,
+                         named_chat_templates={name: text for name, text in named.items() if text})
 
 
 def _context_length(meta: _Metadata) -> int | None:

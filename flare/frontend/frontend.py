@@ -238,7 +238,11 @@ def _load_template(chat_template: bytes, expected: str | None) -> tuple[Annotate
         raise FrontendError("chat template supplied without an expected SHA-256")
     _verify("chat template", chat_template, expected)
     template = annotate_template(bytes(chat_template))
-    return template, compile_template(template.text)
+    compiled = compile_template(template.text)
+    if compiled.mark_kind == "segment":
+        raise FrontendError("chat template uses segment-count marks ({% mark expr %}), which need a segmented "
+                            "renderer; annotate it with byte marks ({% mark %}) instead")
+    return template, compiled
 
 
 def _verify(asset: str, data: bytes, expected: str) -> None:

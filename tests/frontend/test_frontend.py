@@ -323,6 +323,8 @@ def test_fingerprint_mismatch_names_the_asset_and_both_hashes(smollm2_assets):
         without_template.render_chat(CHAT)
     with pytest.raises(FrontendError, match="line"):  # a template that does not compile names where
         make_frontend(smollm2_assets, "{% for x in %}")
+    with pytest.raises(FrontendError, match="segment-count marks"):
+        make_frontend(smollm2_assets, "{% for m in messages %}{{ m.content }}{% mark loop.index %}{% endfor %}")
 
 
 def test_encode_decode_and_settings(smollm2_assets, frontend):

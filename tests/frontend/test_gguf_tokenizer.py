@@ -197,6 +197,14 @@ def test_end_of_generation_ids_follow_llama_cpp(vocab_dir: Path):
     assert declared.eos_token_ids[:2] == [128001, 128009]
 
 
+def test_named_chat_templates(vocab_dir: Path):
+    converted, _ = convert_vocab(vocab_dir, "command-r")
+    assert sorted(converted.named_chat_templates) == ["rag", "tool_use"]
+    assert "<|START_OF_TURN_TOKEN|>" in converted.named_chat_templates["tool_use"]
+    assert "<|START_OF_TURN_TOKEN|>" in converted.tokenizer_config["chat_template"]
+    assert convert_vocab(vocab_dir, "gpt-2")[0].named_chat_templates == {}
+
+
 def test_control_and_user_defined_tokens(vocab_dir: Path):
     converted, tokenizer = convert_vocab(vocab_dir, "gemma-4")
     added = {a["content"]: a for a in converted.tokenizer_json["added_tokens"]}
