@@ -116,7 +116,7 @@ async def _generate(state: ServerState, request: HttpRequest, conn: HttpConnecti
     try:
         if gen.stream:
             return await _stream(state, request, conn, stream, fmt, gen, params)
-        return await _collect(state, request, stream, fmt, params)
+        return await _collect(state, request, conn, stream, fmt, params)
     finally:
         state.tickets.discard(ticket)
         state.streams.discard(stream)
@@ -146,15 +146,18 @@ class _Timing:
         self.metrics.e2e.observe(now - self.start)
 
 
-async def _collect(state: ServerState, request: HttpRequest, stream: EventStream, fmt: "ChatFormat | CompletionFormat",
-                   params: SamplingParams) -> Response | None:
+async def _collect(state: ServerState, request: HttpRequest, conn: HttpConnection, stream: EventStream,
+                   fmt: "ChatFormat | CompletionFormat", params: SamplingParams) -> Response | None:
     timing = _Timing(state, request)
     texts: list[str] = []
     logprobs: list = []
     while True:
         batch = await stream.next_batch()
-        if not batch:
-            return None  # abandoned: the client is gone
+        if not batch:  # abandoned: the client is gone, or shutdown ended the grace period
+            if conn.is_lost:
+                return None
+            return error_response(503, "the server shut down before the response was complete",
+                                  code="shutting_down")
         now = time.monotonic()
         for event in batch:
             if isinstance(event, TokenEvent):

@@ -272,6 +272,7 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     if content is None:
         if role != "assistant" or not tool_calls:
             raise _invalid(f"{param}.content is required", f"{param}.content")
+        out["content"] = None  # kept: templates index message['content'] as Transformers passes it
     else:
         out["content"] = _content(content, f"{param}.content")
     for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):

@@ -190,7 +190,9 @@ class HttpServer:
             ticket.cancel()
         for stream in list(state.streams):
             stream.abandon()
-        await asyncio.sleep(0)  # let abandoned handlers end their streams cleanly
+        # Abandoned handlers end their streams (terminating chunk) or answer 503
+        # within a few loop iterations; a connection still busy after that is cut.
+        await state.admission.wait_idle(1.0)
         for conn in list(self.connections):
             if conn.is_idle:
                 conn.shutdown()

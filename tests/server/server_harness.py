@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,9 @@ from flare.server.testing import FakeEngine, FakeEngineConfig
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_KINDS = ["fake"] + (["demo"] if os.environ.get("FLARE_E2E_DEMO") else [])
 LISTEN_LINE = re.compile(r"Flare listening on (http://\S+)")
+# The installed console script, or the same entry point from this checkout.
+FLARE_SERVE = [shutil.which("flare-serve")] if shutil.which("flare-serve") else [
+    sys.executable, "-c", "import sys; from flare.cli import serve_main; sys.exit(serve_main())"]
 
 
 @dataclass
@@ -117,7 +121,7 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
     if shutdown_grace_s is not None:
         flags += ["--shutdown-grace", str(shutdown_grace_s)]
     if kind == "demo":
-        return start_subprocess(["flare-serve", *flags], kind=kind, api_key=api_key)
+        return start_subprocess([*FLARE_SERVE, *flags], kind=kind, api_key=api_key)
     fake_flags = ["--tokens-per-s", str(tokens_per_s), "--model-queue", str(model_queue),
                   "--context-len", str(context_len)]
     if max_active:

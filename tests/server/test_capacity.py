@@ -152,3 +152,30 @@ def test_200_concurrent_streams_see_only_200_and_429(launcher):
     assert all(done for status, done in results if status == 200)
     _wait_for(lambda: metric(served, "flare_http_admitted") == 0)
     assert metric(served, 'flare_http_responses_total{code="429"}') == statuses.count(429)
+
+
+def test_paused_reader_keeps_its_response(launcher, fake_only):
+    """A client that stops reading gets its whole response later; the model slot is freed meanwhile."""
+    served = launcher(max_active=2, tokens_per_s=0, context_len=32768)
+    host, port = served.host_port
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, port))
+    # ~40 MB of events: more than the kernel's socket buffers hold.
+    body = json.dumps({**CHAT, "max_tokens": 20000, "ignore_eos": True, "stream": True, "logprobs": True,
+                       "top_logprobs": 20}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    # Generation finishes while almost nothing has been read: the slot is free, the permit is held.
+    _wait_for(lambda: metric(served, "flare_requests_completed_total") == 1, timeout=30)
+    assert metric(served, "flare_slots_live") == 0 and metric(served, "flare_http_admitted") == 1
+    received = bytearray()
+    sock.settimeout(30)
+    while not received.endswith(b"0\r\n\r\n"):
+        chunk = sock.recv(1 << 20)
+        assert chunk
+        received += chunk
+    sock.close()
+    text = bytes(received).decode()
+    assert text.count('"logprobs":{"content":[') == 20000  # one event per fake token
+    assert text.count("data: [DONE]") == 1
+    _wait_for(lambda: metric(served, "flare_http_admitted") == 0)

@@ -50,10 +50,11 @@ def _start_stream(served, max_tokens: int) -> tuple[threading.Thread, dict]:
     return thread, result
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_during_streaming_finishes_responses_and_exits_0(engine_kind, signum):
-    served = launch(engine_kind, subprocess_mode=True, tokens_per_s=100)
-    thread, result = _start_stream(served, 60)  # ~0.6 s of output: fits in the grace period
+    served = launch(engine_kind, subprocess_mode=True, tokens_per_s=20)
+    # About 2 s of output on either engine: it fits in the 5 s grace period.
+    thread, result = _start_stream(served, 40 if engine_kind == "fake" else 8)
     served.process.send_signal(signum)
     assert served.process.wait(30) == 0
     thread.join(10)
@@ -232,3 +233,23 @@ def test_unit_file_runs_flare_serve_as_notify_service_with_hardening():
     for option in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "RestrictAddressFamilies"):
         assert service[option], option
     assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_non_streaming_response_cut_by_shutdown_is_503():
+    session = Server.start(FakeEngine(FakeEngineConfig(tokens_per_s=50)), ServerConfig(port=0, shutdown_grace_s=0.3))
+    served = type("S", (), {"host_port": session.address, "api_key": None})()
+    result = {}
+
+    def call():
+        result["response"] = post_json(served, "/v1/completions", {"prompt": "x", "max_tokens": 1000,
+                                                                    "ignore_eos": True})
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    while session.snapshot().slots_live == 0:
+        time.sleep(0.01)
+    session.close()
+    thread.join(10)
+    status, payload = result["response"]
+    assert assert_error(status, payload, 503, "shut down")["code"] == "shutting_down"
+    assert session.snapshot().requests_cancelled == 1

@@ -50,7 +50,7 @@ def test_messages_are_normalized_for_templates():
         "chat_template_kwargs": {"enable_thinking": False}})
     user, assistant, tool = gen.messages
     assert user == {"role": "user", "content": "a\nb", "name": "u"}
-    assert assistant["tool_calls"][0]["function"]["arguments"] == {"x": 1} and "content" not in assistant
+    assert assistant["tool_calls"][0]["function"]["arguments"] == {"x": 1} and assistant["content"] is None
     assert tool["tool_call_id"] == "1"
     assert gen.chat_options == {"add_generation_prompt": True, "enable_thinking": False}
 
