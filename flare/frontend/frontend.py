@@ -188,7 +188,7 @@ class Frontend:
         def render_prefix(k: int) -> str | None:
             try:
                 return self._compiled.render({**context, "messages": context["messages"][:k],
-                                           "add_generation_prompt": False})
+                                              "add_generation_prompt": False})
             except FrontendError:
                 return None
 
