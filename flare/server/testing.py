@@ -271,7 +271,10 @@ class FakeEngine:
                 # without this a back-to-back fake would hold it for whole switch intervals.
                 time.sleep(0)
         for live in doomed:
-            if not live.is_cancelled:
+            if live.is_cancelled:
+                with self._lock:
+                    self._count("requests_cancelled")
+            else:
                 live.sink(ErrorEvent(ExecutionError("the model worker stopped before the request finished")))
 
     def _drop_cancelled(self, live: _Live) -> bool:
