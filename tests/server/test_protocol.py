@@ -214,6 +214,11 @@ def test_early_response_discards_body_and_keeps_connection(loop):
     b"GET / HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
     b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
     b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    # Both framings at once: the request-smuggling shape.
+    b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n",
+    b"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+    b"GET /\x01 HTTP/1.1\r\n\r\n",
 ])
 def test_malformed_requests_get_400_and_close(loop, raw):
     conn, transport, _, _ = _connect(loop)
