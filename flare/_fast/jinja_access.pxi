@@ -57,6 +57,9 @@ cdef object _getattr(object obj, str name):
             return (<Cycler>obj).items[(<Cycler>obj).pos]
         if name == "next" or name == "reset":
             return BoundMethod(obj, name)
+    if obj is _dict and name == "fromkeys":
+        # Transformers' `dict` global is a callable object with a fromkeys method.
+        return _dict_fromkeys
     if t is Macro and name == "name":
         return (<Macro>obj).name
     if t is _GroupTuple and (name == "grouper" or name == "list"):

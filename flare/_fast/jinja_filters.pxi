@@ -419,6 +419,8 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             if size < unit:
                 return f"{base * size / unit:.1f} {prefix}"
         return f"{base * size / unit:.1f} {prefix}"
+    if fid == F_PPRINT:
+        return _guard_size(_pprint.pformat(v))
     if fid == F_URLENCODE:
         if isinstance(v, str) or not isinstance(v, _abc.Iterable):
             return _url_quote(v, False)

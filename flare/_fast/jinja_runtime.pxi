@@ -312,6 +312,10 @@ def _dict(*args, **kwargs):
     return dict(*args, **kwargs)
 
 
+def _dict_fromkeys(*args, **kwargs):
+    return dict.fromkeys(*args, **kwargs)
+
+
 def _joiner(sep=", "):
     cdef Joiner j = Joiner.__new__(Joiner)
     j.sep = sep
@@ -339,7 +343,7 @@ GLOBALS = {
     "joiner": _joiner,
     "cycler": _cycler,
 }
-cdef frozenset _GLOBAL_FUNCS = frozenset(GLOBALS.values())
+cdef frozenset _GLOBAL_FUNCS = frozenset(list(GLOBALS.values()) + [_dict_fromkeys])
 
 
 # ============================================================== helpers

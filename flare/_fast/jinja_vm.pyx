@@ -30,6 +30,7 @@ import html as _html
 import itertools as _itertools
 import json
 import math
+import pprint as _pprint
 import re
 import textwrap as _textwrap
 from urllib.parse import quote_from_bytes as _quote_from_bytes
@@ -159,7 +160,7 @@ FILTER_NAMES = (
     "length", "list", "lower", "map", "max", "min", "reject", "rejectattr", "replace",
     "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title",
     "tojson", "trim", "unique", "upper", "wordcount", "groupby", "slice", "truncate",
-    "wordwrap", "striptags", "filesizeformat", "urlencode",
+    "wordwrap", "striptags", "filesizeformat", "urlencode", "pprint",
 )
 cdef enum Flt:
     F_ABS, F_ATTR, F_BATCH, F_CAPITALIZE, F_CENTER, F_DEFAULT, F_DICTSORT, F_ESCAPE
@@ -167,7 +168,7 @@ cdef enum Flt:
     F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX, F_MIN, F_REJECT, F_REJECTATTR, F_REPLACE
     F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR, F_SORT, F_STRING, F_SUM, F_TITLE
     F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_GROUPBY, F_SLICE, F_TRUNCATE
-    F_WORDWRAP, F_STRIPTAGS, F_FILESIZEFORMAT, F_URLENCODE
+    F_WORDWRAP, F_STRIPTAGS, F_FILESIZEFORMAT, F_URLENCODE, F_PPRINT
 
 TEST_NAMES = (
     "defined", "undefined", "none", "boolean", "false", "true", "integer", "float",

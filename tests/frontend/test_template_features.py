@@ -146,7 +146,8 @@ CASES = [
     "{{ zz < 1 }}", "{{ range(1000000) | length }}", "{{ 'x' in none }}", "{{ xs | items | list }}",
     "{{ d | dictsort(by='nope') }}", "{{ 2.5 | round(1, 'up') }}",
     # dict() and globals
-    "{{ dict(a=1, b=2) }}{{ dict(a=1).a }}", "{{ strftime_now('%Y') | length }}",
+    "{{ dict(a=1, b=2) }}{{ dict(a=1).a }}{{ dict.fromkeys(['x', 'y'], 0) }}{{ dict([('k', 1)]) }}",
+    "{{ people | pprint }}{{ d | pprint }}", "{{ strftime_now('%Y') | length }}",
     "{% set j = joiner('|') %}{% for x in xs %}{{ j() }}{{ x }}{% endfor %}",
     "{% set c = cycler('a', 'b') %}{{ c.next() }}{{ c.next() }}{{ c.next() }}{{ c.current }}",
     # output chains (`+` pieces kept apart until a non-str operand appears)
