@@ -53,24 +53,33 @@ cdef extern from *:
     #endif
 
     #if FLARE_RESIZE_X86
-    /* 16 source bytes at p; past `end` (the last readable byte + 1) the
-       missing bytes read as zero. Only taps with weight zero ever look there. */
-    FLARE_AVX2_FN __m128i flare_load16(const uint8_t* p, const uint8_t* end) {
-        if (p + 16 <= end)
+    /* 16 source bytes at p. When `checked`, the bytes at or past `end` (one
+       past the last readable byte) read as zero; only taps of weight zero
+       ever look there. Callers pass `checked` as a constant. */
+    FLARE_AVX2_FN __m128i flare_load16(const uint8_t* p, const uint8_t* end, int checked) {
+        if (!checked || p + 16 <= end)
             return _mm_loadu_si128((const __m128i*)p);
         uint8_t tmp[16] = {0};
         memcpy(tmp, p, (size_t)(end - p));
         return _mm_loadu_si128((const __m128i*)tmp);
     }
 
-    /* Width pass over RGB rows, two rows per register (one per 128-bit lane,
-       sharing every weight). A 16-byte load holds an output pixel's next five
-       taps; byte shuffles widen them to int16 pairs [R_j R_j+1 G_j G_j+1 B_j
-       B_j+1 0 0] for vpmaddwd against the packed weight pair [w_j w_j+1].
-       Taps past a window's count have weight zero (the pairs are zero padded),
+    FLARE_AVX2_FN __m256i flare_load_rows(const uint8_t* p0, const uint8_t* p1, const uint8_t* end,
+                                          int checked) {
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(flare_load16(p0, end, checked)),
+                                       flare_load16(p1, end, checked), 1);
+    }
+
+    /* One output pixel of four rows (rows 0-1 in acc[0], rows 2-3 in acc[1],
+       one row per 128-bit lane): q[r] points at the pixel's first tap in row r.
+       A 16-byte load holds the next five taps; byte shuffles widen them to
+       int16 pairs [R_j R_j+1 G_j G_j+1 B_j B_j+1 0 0] for vpmaddwd against the
+       packed weight pair [w_j w_j+1], broadcast once for all four rows. Taps
+       past the window's count have weight zero (the pairs are zero padded),
        and a lone fifth tap is paired with zero samples. */
-    FLARE_AVX2_FN __m256i flare_h_taps(const uint8_t* p0, const uint8_t* p1, const uint8_t* end,
-                                       int n, const int32_t* wp, __m256i acc) {
+    FLARE_AVX2_FN void flare_h_taps(const uint8_t* q0, const uint8_t* q1, const uint8_t* q2,
+                                    const uint8_t* q3, const uint8_t* end, int checked, int n,
+                                    const int32_t* wp, __m256i half, __m256i acc[2]) {
         const __m256i taps01 = _mm256_setr_epi8(
             0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
             0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
@@ -80,80 +89,109 @@ cdef extern from *:
         const __m256i taps4 = _mm256_setr_epi8(
             12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, -1, -1, -1, -1,
             12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, -1, -1, -1, -1);
+        __m256i a = half, b = half;
         int j = 0;
         for (; n - j > 5; j += 4, wp += 2) {
-            const __m256i px = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(flare_load16(p0 + 3 * j, end)), flare_load16(p1 + 3 * j, end), 1);
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps01),
-                                                          _mm256_set1_epi32(wp[0])));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps23),
-                                                          _mm256_set1_epi32(wp[1])));
+            const __m256i pa = flare_load_rows(q0 + 3 * j, q1 + 3 * j, end, checked);
+            const __m256i pb = flare_load_rows(q2 + 3 * j, q3 + 3 * j, end, checked);
+            const __m256i w01 = _mm256_set1_epi32(wp[0]), w23 = _mm256_set1_epi32(wp[1]);
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(pa, taps01), w01));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_shuffle_epi8(pb, taps01), w01));
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(pa, taps23), w23));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_shuffle_epi8(pb, taps23), w23));
         }
-        const __m256i px = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(flare_load16(p0 + 3 * j, end)), flare_load16(p1 + 3 * j, end), 1);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps01),
-                                                      _mm256_set1_epi32(wp[0])));
-        if (n - j > 2)
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps23),
-                                                          _mm256_set1_epi32(wp[1])));
-        if (n - j > 4)
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps4),
-                                                          _mm256_set1_epi32(wp[2])));
-        return acc;
+        const __m256i pa = flare_load_rows(q0 + 3 * j, q1 + 3 * j, end, checked);
+        const __m256i pb = flare_load_rows(q2 + 3 * j, q3 + 3 * j, end, checked);
+        const __m256i w01 = _mm256_set1_epi32(wp[0]);
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(pa, taps01), w01));
+        b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_shuffle_epi8(pb, taps01), w01));
+        if (n - j > 2) {
+            const __m256i w23 = _mm256_set1_epi32(wp[1]);
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(pa, taps23), w23));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_shuffle_epi8(pb, taps23), w23));
+        }
+        if (n - j > 4) {
+            const __m256i w45 = _mm256_set1_epi32(wp[2]);
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(pa, taps4), w45));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_shuffle_epi8(pb, taps4), w45));
+        }
+        acc[0] = a;
+        acc[1] = b;
     }
 
-    /* Two output pixels of two rows per step: both accumulators are narrowed
-       together and each row's six bytes leave in one 8-byte store (its last
-       two bytes land on the next pixel, written next). */
-    FLARE_AVX2_FN void flare_horizontal_rgb_avx2(
-            const uint8_t* src, ptrdiff_t src_stride, ptrdiff_t rows, const uint8_t* src_end,
-            uint8_t* dst, ptrdiff_t dst_stride, ptrdiff_t out_w, const int32_t* starts,
-            const int32_t* counts, const int32_t* pairs, ptrdiff_t max_pairs, int precision) {
+    /* Stores the six bytes [R G B R' G' B'] of lane `lane` of v (one row's two
+       pixels), or the first three when `single`; `wide` lets the store spill
+       two bytes onto the next pixel, which is written afterwards. */
+    FLARE_AVX2_FN void flare_store_pixels(uint8_t* out, __m256i v, int lane, int single, int wide) {
+        const __m128i half_v = lane ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v);
+        const uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(half_v);
+        if (single)
+            memcpy(out, &bytes, 3);
+        else if (wide)
+            memcpy(out, &bytes, 8);
+        else
+            memcpy(out, &bytes, 6);
+    }
+
+    /* Width pass over one group of up to four rows (`group`; missing rows
+       repeat the last one and are not stored), two output pixels per step:
+       both pixels' accumulators narrow together to [R G B R' G' B'] per row. */
+    FLARE_AVX2_FN void flare_h_group(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2,
+                                     const uint8_t* r3, uint8_t* out, ptrdiff_t dst_stride,
+                                     int group, const uint8_t* end, int checked, ptrdiff_t out_w,
+                                     const int32_t* starts, const int32_t* counts,
+                                     const int32_t* pairs, ptrdiff_t max_pairs, int precision) {
         const __m128i shift = _mm_cvtsi32_si128(precision);
         const __m256i half = _mm256_set1_epi32(1 << (precision - 1));
         /* [R G B . R' G' B' .] -> [R G B R' G' B' . .] within each lane. */
         const __m256i gather6 = _mm256_setr_epi8(
             0, 1, 2, 4, 5, 6, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15,
             0, 1, 2, 4, 5, 6, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        for (ptrdiff_t y = 0; y < rows; y += 2) {
-            const int has_pair = y + 1 < rows;
-            const uint8_t* row0 = src + y * src_stride;
-            const uint8_t* row1 = has_pair ? row0 + src_stride : row0;
-            uint8_t* out0 = dst + y * dst_stride;
-            uint8_t* out1 = out0 + dst_stride;
-            ptrdiff_t x = 0;
-            for (; x + 1 < out_w; x += 2) {
-                const ptrdiff_t first_a = (ptrdiff_t)starts[x] * 3, first_b = (ptrdiff_t)starts[x + 1] * 3;
-                __m256i a = flare_h_taps(row0 + first_a, row1 + first_a, src_end, counts[x],
-                                         pairs + x * max_pairs, half);
-                __m256i b = flare_h_taps(row0 + first_b, row1 + first_b, src_end, counts[x + 1],
-                                         pairs + (x + 1) * max_pairs, half);
-                a = _mm256_packs_epi32(_mm256_sra_epi32(a, shift), _mm256_sra_epi32(b, shift));
-                a = _mm256_shuffle_epi8(_mm256_packus_epi16(a, a), gather6);
-                const uint64_t v0 = (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(a));
-                const uint64_t v1 = (uint64_t)_mm_cvtsi128_si64(_mm256_extracti128_si256(a, 1));
-                if (x + 2 < out_w) {
-                    memcpy(out0 + 3 * x, &v0, 8);
-                    if (has_pair)
-                        memcpy(out1 + 3 * x, &v1, 8);
-                } else {
-                    memcpy(out0 + 3 * x, &v0, 6);
-                    if (has_pair)
-                        memcpy(out1 + 3 * x, &v1, 6);
-                }
+        __m256i acc_a[2], acc_b[2];
+        for (ptrdiff_t x = 0; x < out_w; x += 2) {
+            const int single = x + 1 == out_w;
+            const int wide = x + 2 < out_w;
+            const ptrdiff_t fa = (ptrdiff_t)starts[x] * 3;
+            flare_h_taps(r0 + fa, r1 + fa, r2 + fa, r3 + fa, end, checked, counts[x],
+                         pairs + x * max_pairs, half, acc_a);
+            if (!single) {
+                const ptrdiff_t fb = (ptrdiff_t)starts[x + 1] * 3;
+                flare_h_taps(r0 + fb, r1 + fb, r2 + fb, r3 + fb, end, checked, counts[x + 1],
+                             pairs + (x + 1) * max_pairs, half, acc_b);
+            } else {
+                acc_b[0] = acc_b[1] = half;
             }
-            if (x < out_w) {
-                const ptrdiff_t first = (ptrdiff_t)starts[x] * 3;
-                __m256i a = flare_h_taps(row0 + first, row1 + first, src_end, counts[x],
-                                         pairs + x * max_pairs, half);
-                a = _mm256_packs_epi32(_mm256_sra_epi32(a, shift), _mm256_setzero_si256());
-                a = _mm256_packus_epi16(a, a);
-                const uint32_t v0 = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(a));
-                const uint32_t v1 = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(a, 1));
-                memcpy(out0 + 3 * x, &v0, 3);
-                if (has_pair)
-                    memcpy(out1 + 3 * x, &v1, 3);
+            for (int k = 0; k < 2; k++) {
+                __m256i v = _mm256_packs_epi32(_mm256_sra_epi32(acc_a[k], shift),
+                                               _mm256_sra_epi32(acc_b[k], shift));
+                v = _mm256_shuffle_epi8(_mm256_packus_epi16(v, v), gather6);
+                if (2 * k < group)
+                    flare_store_pixels(out + 2 * k * dst_stride + 3 * x, v, 0, single, wide);
+                if (2 * k + 1 < group)
+                    flare_store_pixels(out + (2 * k + 1) * dst_stride + 3 * x, v, 1, single, wide);
             }
+        }
+    }
+
+    FLARE_AVX2_FN void flare_horizontal_rgb_avx2(
+            const uint8_t* src, ptrdiff_t src_stride, ptrdiff_t rows, const uint8_t* src_end,
+            uint8_t* dst, ptrdiff_t dst_stride, ptrdiff_t out_w, const int32_t* starts,
+            const int32_t* counts, const int32_t* pairs, ptrdiff_t max_pairs, int precision) {
+        for (ptrdiff_t y = 0; y < rows; y += 4) {
+            const int group = rows - y >= 4 ? 4 : (int)(rows - y);
+            const uint8_t* r0 = src + y * src_stride;
+            const uint8_t* r1 = group > 1 ? r0 + src_stride : r0;
+            const uint8_t* r2 = group > 2 ? r1 + src_stride : r1;
+            const uint8_t* r3 = group > 3 ? r2 + src_stride : r2;
+            uint8_t* out = dst + y * dst_stride;
+            /* A load starts inside a row and reads 16 bytes: only groups near
+               the end of the buffer need the checked loads. */
+            if (r3 + src_stride + 16 <= src_end)
+                flare_h_group(r0, r1, r2, r3, out, dst_stride, group, src_end, 0, out_w, starts,
+                              counts, pairs, max_pairs, precision);
+            else
+                flare_h_group(r0, r1, r2, r3, out, dst_stride, group, src_end, 1, out_w, starts,
+                              counts, pairs, max_pairs, precision);
         }
     }
 

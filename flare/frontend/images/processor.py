@@ -41,7 +41,9 @@ VISION_END = "<|vision_end|>"
 OUTPUT_REUSE_BYTES = 256 << 20
 
 # pixel_values of at least this many bytes are written with streaming
-# (non-temporal) stores: they would not stay in the cache anyway.
+# (non-temporal) stores: six bytes out per byte of resized image would only
+# evict the band being packed, and the next reader is a copy to the device.
+# Measured here: 1 MP 3.0 ms streaming vs 6.5 ms cached, 4 MP 10 vs 29 ms.
 STREAM_MIN_BYTES = 1 << 20
 
 # Modality ids of expanded prompt tokens (transformers' mm_token_type_ids).
@@ -134,7 +136,6 @@ class ImageProcessor:
         np.cumsum([g.num_patches for g in geometries], out=offsets[1:])
         num_patches = int(offsets[-1])
         pixel_values = self._arena.rows(num_patches, profile.patch_dim)
-        # Outputs past the last-level cache go out with streaming stores.
         stream = pixel_values.nbytes >= STREAM_MIN_BYTES
         start = 0
         for image, geometry in zip(images, geometries):
