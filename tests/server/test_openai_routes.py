@@ -167,7 +167,7 @@ def test_chat_logprobs(server):
 def test_text_content_parts_and_tool_history(server):
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "What is the weather"}, {"type": "text", "text": "in Paris?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -183,6 +183,16 @@ def test_text_content_parts_and_tool_history(server):
     assert reply.choices[0].message.content is not None
     if server.kind == "fake":
         assert reply.choices[0].message.content == "You said"  # max_tokens=8
+
+
+def test_null_assistant_content_reaches_the_template(server, fake_only):
+    # SmolLM2's template concatenates message['content'] and so rejects null content
+    # (as Transformers does); the fake template accepts it.
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "done"}]
+    status, payload = post_json(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 4})
+    assert status == 200, payload
 
 
 def test_tool_call_arguments_must_be_json_objects(server):
