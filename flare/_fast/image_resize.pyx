@@ -398,20 +398,6 @@ cdef class ResizeAxis:
         self.view.counts = &counts[0]
         self.view.weights = &weights[0, 0]
 
-    @cython.boundscheck(False)
-    @cython.wraparound(False)
-    def source_span(self, Py_ssize_t begin, Py_ssize_t end):
-        """(first, stop): the source indices outputs [begin, end) read, as a half-open range."""
-        if not 0 <= begin < end <= self.view.out_size:
-            raise ValueError(f"output range [{begin}, {end}) outside [0, {self.view.out_size})")
-        cdef Py_ssize_t i, first = self.view.starts[begin], stop = 0
-        for i in range(begin, end):
-            if self.view.starts[i] < first:
-                first = self.view.starts[i]
-            if self.view.starts[i] + self.view.counts[i] > stop:
-                stop = self.view.starts[i] + self.view.counts[i]
-        return first, stop
-
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
