@@ -70,9 +70,17 @@ cdef extern from *:
         if (whole) memcpy(&v, p, 4); else memcpy(&v, p, (size_t)bpp);
         return _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)v), _mm_setzero_si128());
     }
-    static inline void flare_px_store(uint8_t* p, __m128i v, ptrdiff_t bpp) {
+    static inline void flare_px_store(uint8_t* p, __m128i v, ptrdiff_t bpp, int whole) {
+        /* `whole`: the byte after a 3-byte pixel may be overwritten (it is the
+           next pixel of the row, rebuilt afterwards). */
         const uint32_t packed = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(v, v));
-        memcpy(p, &packed, (size_t)bpp);
+        if (whole || bpp == 4) {
+            memcpy(p, &packed, 4);
+        } else {
+            const uint16_t low = (uint16_t)packed;
+            memcpy(p, &low, 2);
+            p[2] = (uint8_t)(packed >> 16);
+        }
     }
     static inline __m128i flare_abs16(__m128i v) {
         return _mm_max_epi16(v, _mm_sub_epi16(_mm_setzero_si128(), v));
@@ -86,7 +94,7 @@ cdef extern from *:
         const __m128i mask = _mm_set1_epi16(0xFF);
         for (ptrdiff_t i = 0; i < stride; i += bpp) {
             a = _mm_and_si128(_mm_add_epi16(a, flare_px_load(src + i, bpp, i + 4 <= stride)), mask);
-            flare_px_store(cur + i, a, bpp);
+            flare_px_store(cur + i, a, bpp, i + 4 <= stride);
         }
     }
     static inline void flare_png_avg_px(const uint8_t* src, const uint8_t* prev, uint8_t* cur,
@@ -97,7 +105,7 @@ cdef extern from *:
             const __m128i b = flare_px_load(prev + i, bpp, i + 4 <= stride);
             a = _mm_and_si128(_mm_add_epi16(flare_px_load(src + i, bpp, i + 4 <= stride),
                                             _mm_srli_epi16(_mm_add_epi16(a, b), 1)), mask);
-            flare_px_store(cur + i, a, bpp);
+            flare_px_store(cur + i, a, bpp, i + 4 <= stride);
         }
     }
     static inline void flare_png_paeth_px(const uint8_t* src, const uint8_t* prev, uint8_t* cur,
@@ -114,7 +122,7 @@ cdef extern from *:
             const __m128i nearest = flare_select(_mm_cmpeq_epi16(smallest, pa), a,
                                     flare_select(_mm_cmpeq_epi16(smallest, pb), b, c));
             a = _mm_and_si128(_mm_add_epi16(flare_px_load(src + i, bpp, i + 4 <= stride), nearest), mask);
-            flare_px_store(cur + i, a, bpp);
+            flare_px_store(cur + i, a, bpp, i + 4 <= stride);
             c = b;
         }
     }

@@ -31,8 +31,8 @@ cdef object _getattr(object obj, str name):
         return _undef_attr(obj, name)
     if name.startswith("_"):
         return _undef_attr(obj, name)
-    if t is str:
-        if name in _STR_METHODS:
+    if t is str or t is Markup:
+        if name in _STR_METHODS or (t is Markup and name in _MARKUP_METHODS):
             return BoundMethod(obj, name)
         return _undef_attr(obj, name)
     if t is list:
@@ -80,12 +80,13 @@ cdef object _getitem(object obj, object key):
             return <object>p
     elif t is Undefined:
         (<Undefined>obj).fail()
-    elif t is list or t is tuple or t is str:
+    elif t is list or t is tuple or t is str or t is Markup:
         try:
             return obj[key]
         except (TypeError, LookupError):
             pass
     if isinstance(key, str):
+        key = _plain(key)
         if key.startswith("_"):
             if key.startswith("__"):
                 raise FrontendError(f"access to attribute {key!r} is unsafe")
@@ -95,14 +96,22 @@ cdef object _getitem(object obj, object key):
     return _undef_attr(obj, key)
 
 
-cdef object _format_string(str fmt, tuple args, dict kwargs):
+cdef frozenset _MARKUP_METHODS = frozenset(("unescape", "striptags"))
+
+
+cdef int _check_format(str fmt) except -1:
     # str.format can reach attributes ("{0.__class__}"); jinja2's sandbox routes those
     # through its getattr, we allow only plain and numbered fields.
     for _, field, spec, _ in _formatter.parse(fmt):
         if field is not None and ("." in field or "[" in field):
             raise FrontendError(f"access to attributes in format fields is unsafe: {field!r}")
-        if spec and ("." in spec and "{" in spec):
+        if spec and "{" in spec and ("." in spec or "[" in spec):
             raise FrontendError("nested format fields with attributes are unsafe")
+    return 0
+
+
+cdef object _format_string(str fmt, tuple args, dict kwargs):
+    _check_format(fmt)
     return fmt.format(*args, **kwargs)
 
 
@@ -116,6 +125,11 @@ cdef object _call_method(_Render st, object obj, str name, tuple args, dict kwar
             if kwargs:
                 return _guard_size(getattr(obj, name)(*args, **kwargs))
             return _guard_size(getattr(obj, name)(*args))
+    elif t is Markup:
+        if name in _STR_METHODS or name in _MARKUP_METHODS:
+            if name == "format":
+                _check_format(str.__str__(obj))
+            return _guard_size(getattr(obj, name)(*args, **(kwargs or {})))
     elif t is dict:
         if name == "get":
             if kwargs:
@@ -262,7 +276,7 @@ cdef object _binary(int op, object a, object b):
             raise FrontendError("exponent too large")
         return a ** b
     # CONCAT
-    r = _str(a) + _str(b)
+    r = _plain(a) + _plain(b)
     if PyUnicode_GET_LENGTH(r) > MAX_STRING:
         raise FrontendError(f"template built a value longer than {MAX_STRING} items")
     return r

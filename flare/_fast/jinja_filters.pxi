@@ -61,6 +61,19 @@ cdef object _indent(object s, tuple args, dict kwargs):
     return _guard_size(rv)
 
 
+def _striptags(str text):
+    """jinja2's striptags: drop comments and tags, collapse whitespace, unescape."""
+    while (start := text.find("<!--")) != -1:
+        if (stop := text.find("-->", start)) == -1:
+            break
+        text = text[:start] + text[stop + 3:]
+    while (start := text.find("<")) != -1:
+        if (stop := text.find(">", start)) == -1:
+            break
+        text = text[:start] + text[stop + 1:]
+    return _html.unescape(" ".join(text.split()))
+
+
 cdef str _url_quote(object obj, bint for_qs):
     if not isinstance(obj, bytes):
         obj = str(obj).encode("utf-8")
@@ -189,12 +202,12 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         return _generator(list(v.items()))
     if fid == F_JOIN:
         if not kwargs and len(args) <= 1 and (not args or type(args[0]) is str):
-            return _guard_size((args[0] if args else "").join([_str(x) for x in v]))
+            return _guard_size(_plain(args[0] if args else "").join([_plain(x) for x in v]))
         a = _bind("join", args, kwargs, ("d", "attribute"), ("", None))
         if a[1] is not None:
             parts = _attr_parts(a[1])
             v = [_attrget(parts, x, None, False) for x in v]
-        return _guard_size(_str(a[0]).join([_str(x) for x in v]))
+        return _guard_size(_plain(a[0]).join([_plain(x) for x in v]))
     if fid == F_UPPER:
         return _str(v).upper()
     if fid == F_LOWER:
@@ -213,9 +226,9 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         return _undef_hint("No last item, sequence was empty.")
     if fid == F_REPLACE:
         a = _bind("replace", args, kwargs, ("old", "new", "count"), (None, None, None))
-        s = _str(v)
-        old = _str(a[0])
-        new = _str(a[1])
+        s = _plain(v)
+        old = _plain(a[0])
+        new = _plain(a[1])
         count = -1 if a[2] is None else a[2]
         if len(new) > len(old) and old and s.count(old) * (len(new) - len(old)) > MAX_STRING:
             raise FrontendError(f"template built a value longer than {MAX_STRING} items")
@@ -284,7 +297,7 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             return _undef_attr(v, a[0])
         if a[0].startswith("__"):
             raise FrontendError(f"access to attribute {a[0]!r} is unsafe")
-        return _getattr(v, a[0])
+        return _getattr(v, _plain(a[0]))
     if fid == F_UNIQUE:
         a = _bind("unique", args, kwargs, ("case_sensitive", "attribute"), (False, None))
         parts = _attr_parts(a[1])
@@ -394,16 +407,7 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             line, width=a[0], expand_tabs=False, replace_whitespace=False,
             break_long_words=a[1], break_on_hyphens=a[3])) for line in v.splitlines()])
     if fid == F_STRIPTAGS:
-        text = str(v)
-        while (start := text.find("<!--")) != -1:
-            if (stop := text.find("-->", start)) == -1:
-                break
-            text = text[:start] + text[stop + 3:]
-        while (start := text.find("<")) != -1:
-            if (stop := text.find(">", start)) == -1:
-                break
-            text = text[:start] + text[stop + 1:]
-        return _html.unescape(" ".join(text.split()))
+        return _striptags(str(v))
     if fid == F_FILESIZEFORMAT:
         a = _bind("filesizeformat", args, kwargs, ("binary",), (False,))
         size = float(v)

@@ -50,7 +50,7 @@ cdef class _JsonEncoder:
         self.n += 1
         return 0
 
-    cdef int text(self, str s) except -1:
+    cdef int text(self, object s) except -1:
         """Copy ``s`` verbatim."""
         cdef Py_ssize_t i, m = PyUnicode_GET_LENGTH(s)
         cdef int kind = PyUnicode_KIND(s)
@@ -83,7 +83,7 @@ cdef class _JsonEncoder:
             self.put(<unsigned char>_HEX[c & 15])
         return 0
 
-    cdef int string(self, str s) except -1:
+    cdef int string(self, object s) except -1:
         """``s`` as a JSON string literal, escaped exactly as json.dumps escapes it
         (control characters, quote and backslash; with ensure_ascii also everything
         outside ' '..'~', astral characters as surrogate pairs)."""

@@ -257,8 +257,9 @@ cdef class Cycler:
 
 
 class Markup(str):
-    """Text marked safe (``|safe``, ``|escape``), as markupsafe's Markup behaves in
-    jinja2: ``+`` HTML-escapes a plain-str operand. Printing it is plain text."""
+    """Text marked safe (``|safe``, ``|escape``), behaving as markupsafe's Markup does
+    in jinja2: operators and methods HTML-escape plain-str arguments and keep the
+    result marked; printing it is plain text."""
 
     __slots__ = ()
 
@@ -269,11 +270,121 @@ class Markup(str):
 
     def __radd__(self, other):
         if isinstance(other, str):
-            return Markup(str.__add__(_escape(other), self))
+            return _escape(other).__add__(self)
         return NotImplemented
+
+    def __mul__(self, n):
+        return Markup(str.__mul__(self, n))
+
+    __rmul__ = __mul__
+
+    def __mod__(self, value):
+        if isinstance(value, tuple):
+            value = tuple([_EscapeArg(x) for x in value])
+        elif hasattr(type(value), "__getitem__") and not isinstance(value, str):
+            value = _EscapeArg(value)
+        else:
+            value = (_EscapeArg(value),)
+        return Markup(str.__mod__(self, value))
+
+    def __getitem__(self, key):
+        return Markup(str.__getitem__(self, key))
 
     def __repr__(self):
         return f"Markup({str.__repr__(self)})"
+
+    def join(self, iterable):
+        return Markup(str.join(self, [_escape(x) for x in iterable]))
+
+    def split(self, sep=None, maxsplit=-1):
+        return [Markup(x) for x in str.split(self, sep, maxsplit)]
+
+    def rsplit(self, sep=None, maxsplit=-1):
+        return [Markup(x) for x in str.rsplit(self, sep, maxsplit)]
+
+    def splitlines(self, keepends=False):
+        return [Markup(x) for x in str.splitlines(self, keepends)]
+
+    def replace(self, old, new, count=-1):
+        return Markup(str.replace(self, old, _escape(new), count))
+
+    def ljust(self, width, fillchar=" "):
+        return Markup(str.ljust(self, width, _escape(fillchar)))
+
+    def rjust(self, width, fillchar=" "):
+        return Markup(str.rjust(self, width, _escape(fillchar)))
+
+    def center(self, width, fillchar=" "):
+        return Markup(str.center(self, width, _escape(fillchar)))
+
+    def partition(self, sep):
+        return tuple([Markup(x) for x in str.partition(self, sep)])
+
+    def rpartition(self, sep):
+        return tuple([Markup(x) for x in str.rpartition(self, sep)])
+
+    def format(self, *args, **kwargs):
+        return Markup(_MarkupFormatter().vformat(self, args, kwargs))
+
+    def unescape(self):
+        return _html.unescape(str(self))
+
+    def striptags(self):
+        return _striptags(str(self))
+
+
+def _markup_wrapper(name):
+    method = getattr(str, name)
+
+    def wrapped(self, *args):
+        return Markup(method(self, *args))
+
+    wrapped.__name__ = name
+    return wrapped
+
+
+for _name in ("capitalize", "title", "lower", "upper", "lstrip", "rstrip", "strip",
+              "expandtabs", "swapcase", "zfill", "casefold", "removeprefix",
+              "removesuffix", "translate"):
+    setattr(Markup, _name, _markup_wrapper(_name))
+
+
+class _EscapeArg:
+    """An argument of ``Markup % args``: escaped when converted to text."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __getitem__(self, key):
+        return _EscapeArg(self.obj[key])
+
+    def __str__(self):
+        return str(_escape(self.obj))
+
+    def __repr__(self):
+        return str(_escape(repr(self.obj)))
+
+    def __int__(self):
+        return int(self.obj)
+
+    def __float__(self):
+        return float(self.obj)
+
+
+class _MarkupFormatter(_string.Formatter):
+    """``Markup.format``: every replacement field is escaped."""
+
+    def format_field(self, value, format_spec):
+        if isinstance(value, Markup):
+            if format_spec:
+                raise ValueError(f"Format specifier {format_spec} given, but {type(value)} "
+                                 "does not define __html_format__.")
+            rv = str(value)
+        else:
+            rv = _string.Formatter.format_field(self, value, str(format_spec))
+        return str(_escape(rv))
 
 
 class _GroupTuple(tuple):
@@ -349,15 +460,26 @@ cdef frozenset _GLOBAL_FUNCS = frozenset(list(GLOBALS.values()) + [_dict_fromkey
 # ============================================================== helpers
 
 cdef inline object _str(object v):
-    """str() as jinja2 prints: undefined is ''."""
+    """jinja2's soft_str: strings (Markup included) as they are, anything else str();
+    undefined is ''."""
     cdef list pieces
-    if type(v) is str:
+    if isinstance(v, str):
         return v
     if type(v) is list or type(v) is dict or type(v) is tuple:
         pieces = []
         _repr_into(v, pieces, 0)
         return "".join(pieces)
     return str(v)
+
+
+cdef inline object _plain(object v):
+    """str(v) as an exact str (Markup loses its mark), as jinja2's `~` and the
+    non-autoescape join/replace filters convert."""
+    if type(v) is str:
+        return v
+    if isinstance(v, str):
+        return str.__str__(v)
+    return _str(v)
 
 
 cdef int _repr_into(object v, list out, int depth) except -1:
@@ -396,7 +518,7 @@ cdef int _repr_into(object v, list out, int depth) except -1:
     return 0
 
 
-cdef Py_ssize_t _utf8_len(str s):
+cdef Py_ssize_t _utf8_len(object s):
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i, total
     cdef int kind
     cdef void* data

@@ -61,3 +61,52 @@ cpdef Py_ssize_t validate_records(const long long[:, ::1] records, const long lo
                     or new < 0 or new > max_new):
                 return i
     return -1
+
+
+cpdef void update_debts(const long long[::1] phase, const unsigned char[::1] ended,
+                        double[::1] token_debt, double[::1] delivery_debt,
+                        const long long[::1] served_slots, const long long[::1] served_tokens,
+                        const long long[::1] delivered_slots, double per_prompt_s, double per_output_s,
+                        double elapsed, double fade, long long first_runnable, long long decoding) noexcept:
+    """Fairness debts after one frame (see flare.scheduler.policy.Selection.update_prices).
+
+    Runnable slots have first_runnable <= phase <= decoding and are not ended; each one's
+    debt fades, grows by the frame's duration and shrinks by the solo service time of the
+    tokens it was served (delivery debt: decoding slots, per delivered token). The minimum
+    over runnable slots is then subtracted, clamped at zero.
+    """
+    cdef:
+        Py_ssize_t n = phase.shape[0], i
+        double served_s, lo_tok = 1e300, lo_del = 1e300
+        bint any_run = False, any_dec = False
+        double[::1] served
+        unsigned char[::1] got
+    import numpy
+    served = numpy.zeros(n, dtype=numpy.float64)
+    got = numpy.zeros(n, dtype=numpy.uint8)
+    with nogil:
+        for i in range(served_slots.shape[0]):
+            served[served_slots[i]] += served_tokens[i]
+        for i in range(delivered_slots.shape[0]):
+            got[delivered_slots[i]] = 1
+        for i in range(n):
+            if ended[i] or phase[i] < first_runnable or phase[i] > decoding:
+                continue
+            any_run = True
+            served_s = served[i] * (per_output_s if phase[i] == decoding else per_prompt_s)
+            token_debt[i] = token_debt[i] * fade + elapsed - served_s
+            if token_debt[i] < lo_tok:
+                lo_tok = token_debt[i]
+            if phase[i] == decoding:
+                any_dec = True
+                delivery_debt[i] = delivery_debt[i] * fade + elapsed - (per_output_s if got[i] else 0.0)
+                if delivery_debt[i] < lo_del:
+                    lo_del = delivery_debt[i]
+        if not any_run:
+            return
+        for i in range(n):
+            if ended[i] or phase[i] < first_runnable or phase[i] > decoding:
+                continue
+            token_debt[i] = token_debt[i] - lo_tok if token_debt[i] > lo_tok else 0.0
+            if phase[i] == decoding and any_dec:
+                delivery_debt[i] = delivery_debt[i] - lo_del if delivery_debt[i] > lo_del else 0.0

@@ -55,6 +55,11 @@ def test_mark_after_macro_call_at_root():
         "[Sé brief 😀]", "[Sé brief 😀][héllo]", "[Sé brief 😀][héllo][ok]"]
 
 
+def test_marks_count_markup_output():
+    text, marks = compile_template("{{ 'é<' | safe }}{% mark %}{{ 'ü' | e }}{% mark %}").render_marked({})
+    assert text == "é<ü" and marks == (3, 5)
+
+
 def test_segment_marks_record_counts():
     src = ("{% set ns = namespace(n=0) %}{% mark ns.n %}{% for m in messages %}"
            "{{ m.content }}{% set ns.n = ns.n + 1 %}{% mark ns.n %}{% endfor %}")
