@@ -43,8 +43,10 @@ def toy_token(history: np.ndarray, vocab: int, salt: int = 0) -> int:
 
 class FakeExecutor:
     def __init__(self, contract: PreparedContract, *, duration_ns: int = 1_000_000, manual: bool = False,
-                 eos_token: int | None = None, eos_every: int = 0):
+                 eos_token: int | None = None, eos_every: int = 0, read_history: bool = True):
         self.contract = contract
+        # False: tokens depend only on (slot, position), for host-overhead benchmarks
+        self.read_history = read_history
         self.duration_ns = duration_ns
         self.manual = manual
         self.eos_token = eos_token
@@ -141,7 +143,10 @@ class FakeExecutor:
     def _sample(self, slot: int) -> None:
         b = self.buffers
         length = int(b["slot.position"][slot])
-        token = toy_token(self._history(slot, length), self.contract.vocab_size, int(b["slot.seed"][slot]))
+        if self.read_history:
+            token = toy_token(self._history(slot, length), self.contract.vocab_size, int(b["slot.seed"][slot]))
+        else:
+            token = (length * 31 + slot) % self.contract.vocab_size
         b["slot.generated"][slot] += 1
         if self.eos_token is not None and self.eos_every and b["slot.generated"][slot] % self.eos_every == 0:
             token = self.eos_token

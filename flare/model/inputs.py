@@ -137,19 +137,19 @@ def pack_step(inputs: Inputs, step) -> list[Upload]:
 
     plan = step.plan
     kind = plan.kind
-    slots = [row.handle.slot for row in step.rows]
-    for row in step.rows:
-        if row.admission is not None:
-            a = row.admission
-            inputs.admit_slot(row.handle.slot, generation=row.handle.generation, position=a.position,
-                              seed=a.seed, params=a.params)
-            inputs.set_prompt(a.penalty_prompt)
-        if row.new_pages:
-            inputs.set_pages(row.handle.slot, row.first_page, row.new_pages)
-    inputs.set_rows(slots, plan.batch)
+    cols = plan.cols
+    if kind != GraphKind.DECODE:
+        for slot, generation, (_, admission) in zip(cols.slots, cols.generations, step.extras):
+            if admission is not None:
+                inputs.admit_slot(int(slot), generation=int(generation), position=admission.position,
+                                  seed=admission.seed, params=admission.params)
+                inputs.set_prompt(admission.penalty_prompt)
+    for upload in step.page_uploads:
+        inputs.set_pages(upload.slot, upload.first, upload.pages)
+    inputs.set_rows(cols.slots, plan.batch)
     if kind == GraphKind.PREFILL:
-        for i, row in enumerate(step.rows):
-            inputs.set_prefill_row(i, row.tokens, row.sample)
+        for i, (tokens, _) in enumerate(step.extras):
+            inputs.set_prefill_row(i, tokens, bool(cols.sample[i]))
     elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
-        inputs.set_snapshot_rows([row.snapshot for row in step.rows], plan.batch)
+        inputs.set_snapshot_rows(cols.snapshot, plan.batch)
     return inputs.take()

@@ -1,8 +1,14 @@
-"""LiveRequest: the scheduler's state for one request, queued or resident."""
+"""LiveRequest and the SlotTable behind its hot counters.
+
+The counters a decode step touches for every request (positions, generated
+counts, epochs, in-flight steps, fairness debts, output tokens) live in
+per-slot NumPy arrays, so commit and completion of a 64-request decode are a
+handful of vectorized operations. A LiveRequest reads and writes them through
+properties once it holds a slot; its cold state (prompt, history, checkpoint
+chain, page list) stays on the object.
+"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -11,48 +17,137 @@ from ..request import SamplingParams
 from .plan import Ended, Handle, Phase
 
 
-@dataclass(eq=False)
+class SlotTable:
+    """Hot per-slot state; row 0 is the padding slot and never used."""
+
+    def __init__(self, max_active: int, max_outputs: int):
+        n = max_active + 1
+        self.rid = np.zeros(n, np.int64)
+        self.generation = np.zeros(n, np.int64)
+        self.epoch = np.zeros(n, np.int64)
+        self.phase = np.full(n, int(Phase.RETIRED), np.int64)
+        self.planned = np.zeros(n, np.int64)  # device position after every committed step
+        self.planned_gen = np.zeros(n, np.int64)  # generated tokens after every committed step
+        self.consumed = np.zeros(n, np.int64)  # confirmed by completions
+        self.generated = np.zeros(n, np.int64)
+        self.inflight = np.zeros(n, np.int64)  # committed steps not yet completed
+        self.last_fence = np.zeros(n, np.int64)
+        self.num_pages = np.zeros(n, np.int64)  # page-table entries assigned
+        self.limit = np.zeros(n, np.int64)  # most output tokens: min(max_tokens, context - prompt)
+        self.ended = np.zeros(n, np.bool_)
+        self.ignore_eos = np.zeros(n, np.bool_)
+        self.has_stop_ids = np.zeros(n, np.bool_)  # request-specific stop_token_ids
+        self.token_debt = np.zeros(n, np.float64)
+        self.delivery_debt = np.zeros(n, np.float64)
+        self.last_progress = np.zeros(n, np.float64)
+        self.num_out = np.zeros(n, np.int64)  # emitted output tokens
+        self.out = np.zeros((n, max(1, max_outputs)), np.int32)
+
+    def reset(self, slot: int) -> None:
+        for name in ("rid", "generation", "planned", "planned_gen", "consumed", "generated", "inflight",
+                     "last_fence", "num_pages", "limit", "num_out"):
+            getattr(self, name)[slot] = 0
+        self.ended[slot] = self.ignore_eos[slot] = self.has_stop_ids[slot] = False
+        self.token_debt[slot] = self.delivery_debt[slot] = 0.0
+        self.phase[slot] = int(Phase.RETIRED)
+
+
+def _hot(name: str, kind=int):
+    """A property stored in SlotTable.<name>[slot] once the request holds a slot."""
+
+    def get(self):
+        return kind(getattr(self.table, name)[self.slot]) if self.slot else kind(self._cold.get(name, 0))
+
+    def put(self, value):
+        if self.slot:
+            getattr(self.table, name)[self.slot] = value
+        else:
+            self._cold[name] = value
+
+    return property(get, put)
+
+
 class LiveRequest:
-    rid: int
-    prompt: np.ndarray  # int32 [L]
-    endpoints: tuple[int, ...]  # complete-message token endpoints inside the prompt
-    params: SamplingParams
-    seed: int
-    arrival: float
-    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
+    def __init__(self, rid: int, prompt: np.ndarray, endpoints: tuple[int, ...], params: SamplingParams,
+                 seed: int, arrival: float, stop_ids: frozenset[int], table: SlotTable):
+        self.rid = rid
+        self.prompt = prompt  # int32 [L]
+        self.endpoints = endpoints  # complete-message token endpoints inside the prompt
+        self.params = params
+        self.seed = seed
+        self.arrival = arrival
+        self.stop_ids = stop_ids  # EOS (unless ignore_eos) and stop_token_ids
+        self.table = table
+        self.slot = 0  # 0 while queued
+        self._cold: dict = {"phase": int(Phase.QUEUED)}
+        self.handle: Handle | None = None
+        self.history: PrefixHistory | None = None
+        self.reused = 0  # prompt tokens reused from the cache at admission
+        self.tip: int | None = None  # the pinned checkpoint at the end of this request's chain
+        self.tip_endpoint = 0
+        self.pages: list[int] = []  # logical page IDs by page index
+        self.private_from = 0  # pages[i] for i >= private_from belong to this request
+        self.uploaded_pages = 0  # page-table entries already uploaded
+        self.page_budget = 0  # pages still reserved for this request
+        self.targets: list[int] = []  # checkpoint endpoints still to capture
+        self.target_rows: list[int] = []  # their reserved snapshot rows
+        self.terminal_row = -1  # snapshot row reserved for a terminal capture
+        self.snapshot_due = -1  # endpoint whose snapshot is the next step (SNAPSHOTTING)
+        self.ended: Ended | None = None
+        self.cancelled = False
+        self.finished_at = 0.0
+        self.last_output: float | None = None
 
-    phase: Phase = Phase.QUEUED
-    handle: Handle | None = None
-    epoch: int = 0
-    history: PrefixHistory | None = None
-    reused: int = 0  # prompt tokens reused from the cache at admission
-    tip: int | None = None  # the pinned checkpoint at the end of this request's chain
-    tip_endpoint: int = 0
-    pages: list[int] = field(default_factory=list)  # logical page IDs by page index
-    private_from: int = 0  # pages[i] for i >= private_from belong to this request
-    uploaded_pages: int = 0  # page-table entries already uploaded
-    page_budget: int = 0  # pages still reserved for this request
-    targets: list[int] = field(default_factory=list)  # checkpoint endpoints still to capture
-    target_rows: list[int] = field(default_factory=list)  # their reserved snapshot rows
-    terminal_row: int = -1  # snapshot row reserved for a terminal capture
-    snapshot_due: int = -1  # endpoint whose snapshot is the next step (SNAPSHOTTING)
+    planned = _hot("planned")
+    planned_generated = _hot("planned_gen")
+    consumed = _hot("consumed")
+    generated = _hot("generated")
+    inflight = _hot("inflight")
+    last_fence = _hot("last_fence")
+    epoch = _hot("epoch")
+    token_debt = _hot("token_debt", float)
+    delivery_debt = _hot("delivery_debt", float)
+    last_progress = _hot("last_progress", float)
 
-    consumed: int = 0  # device position confirmed by completions
-    planned: int = 0  # device position after every committed step
-    generated: int = 0
-    planned_generated: int = 0
-    sampled: list[int] = field(default_factory=list)  # confirmed sampled tokens
-    inflight: int = 0  # committed steps not yet completed
-    last_fence: int = 0  # latest fence of a step that touches this request
-    ended: Ended | None = None
-    cancelled: bool = False
+    @property
+    def phase(self) -> Phase:
+        return Phase(self.table.phase[self.slot] if self.slot else self._cold["phase"])
 
-    # fairness (seconds of unserved execution, relative) and timing
-    token_debt: float = 0.0
-    delivery_debt: float = 0.0
-    finished_at: float = 0.0
-    last_progress: float = 0.0  # last commit of prompt/output tokens (or arrival)
-    last_output: float | None = None  # last published output
+    @phase.setter
+    def phase(self, value: Phase) -> None:
+        if self.slot:
+            self.table.phase[self.slot] = int(value)
+        else:
+            self._cold["phase"] = int(value)
+
+    def attach(self, slot: int, generation: int, context: int, now: float) -> None:
+        """Take a slot: move the request's state into its SlotTable row."""
+        t = self.table
+        t.reset(slot)
+        self.slot = slot
+        self.handle = Handle(slot, generation)
+        t.rid[slot] = self.rid
+        t.generation[slot] = generation
+        t.phase[slot] = self._cold["phase"]
+        t.limit[slot] = min(self.params.max_tokens, context - self.prompt_len)
+        t.ignore_eos[slot] = self.params.ignore_eos
+        t.has_stop_ids[slot] = bool(self.params.stop_token_ids)
+        t.last_progress[slot] = now
+
+    def detach(self) -> None:
+        """Give the slot row back (after retirement); the object keeps its cold state."""
+        self._cold.update(phase=int(self.phase), planned=self.planned, planned_gen=self.planned_generated,
+                          consumed=self.consumed, generated=self.generated, epoch=self.epoch)
+        self._cold["sampled"] = self.sampled
+        self.table.reset(self.slot)
+        self.slot = 0
+
+    @property
+    def sampled(self) -> list[int]:
+        """Emitted output tokens."""
+        if not self.slot:
+            return list(self._cold.get("sampled", ()))
+        return self.table.out[self.slot, :self.table.num_out[self.slot]].tolist()
 
     @property
     def prompt_len(self) -> int:
@@ -65,8 +160,9 @@ class LiveRequest:
     @property
     def next_stop(self) -> int:
         """Where the current prefill chunk must end: the next target or the prompt end."""
+        planned = self.planned
         for t in self.targets:
-            if t > self.planned:
+            if t > planned:
                 return t
         return self.prompt_len
 
@@ -76,4 +172,4 @@ class LiveRequest:
                 and self.planned_generated < self.max_tokens)
 
     def bump(self) -> None:
-        self.epoch += 1
+        self.epoch = self.epoch + 1

@@ -1,15 +1,19 @@
 """Plans, commits and completion results exchanged with the runtime.
 
 A :class:`ScheduledPlan` is immutable: it names one graph and the requests it
-serves with their state epochs. ``commit`` turns it into a :class:`CommittedStep`
-whose rows carry everything the runtime packs (new page-table entries,
-admission state, prefill tokens, snapshot rows); ``complete`` returns a
-:class:`StepResult` with the tokens to publish and the requests that ended.
+serves (as per-row arrays) with their state epochs. ``commit`` turns it into a
+:class:`CommittedStep` carrying what the runtime packs (page-table uploads,
+admission state, prefill tokens, snapshot rows) and the counters the
+completion records must report; ``complete`` returns a :class:`StepResult`
+with the tokens to publish and the requests that ended.
+
+Rows are kept as NumPy arrays so a 64-request decode step never builds
+per-row Python objects; ``rows`` views exist for callers that want tuples.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -52,16 +56,55 @@ class PlanRow(NamedTuple):
 
 
 @dataclass(frozen=True)
+class RowArrays:
+    """One plan's rows, column-wise (int64 arrays of equal length)."""
+
+    rids: np.ndarray
+    slots: np.ndarray
+    generations: np.ndarray
+    epochs: np.ndarray
+    starts: np.ndarray
+    num_tokens: np.ndarray
+    sample: np.ndarray  # 0/1
+    snapshot: np.ndarray  # -1 when unused
+
+    @classmethod
+    def from_rows(cls, rows: "list[PlanRow] | tuple[PlanRow, ...]") -> "RowArrays":
+        n = len(rows)
+
+        def col(values) -> np.ndarray:
+            return np.fromiter(values, dtype=np.int64, count=n)
+
+        return cls(col(r.rid for r in rows), col(r.handle.slot for r in rows),
+                   col(r.handle.generation for r in rows), col(r.epoch for r in rows),
+                   col(r.start for r in rows), col(r.num_tokens for r in rows),
+                   col(int(r.sample) for r in rows), col(r.snapshot for r in rows))
+
+    def __len__(self) -> int:
+        return int(self.slots.shape[0])
+
+    def rows(self) -> tuple[PlanRow, ...]:
+        return tuple(PlanRow(int(rid), Handle(int(s), int(g)), int(e), int(st), int(n), bool(sm), int(sn))
+                     for rid, s, g, e, st, n, sm, sn in zip(self.rids, self.slots, self.generations, self.epochs,
+                                                           self.starts, self.num_tokens, self.sample,
+                                                           self.snapshot))
+
+
+@dataclass(frozen=True)
 class ScheduledPlan:
     scheduler_id: int
     kind: GraphKind
     graph_index: int
     batch: int  # graph row capacity
     tokens: int  # graph token capacity
-    rows: tuple[PlanRow, ...]
+    cols: RowArrays
     estimate_ns: int  # the graph's estimate when planned (0: unmeasured)
     is_refresh: bool = False  # a stale graph: it runs alone and refreshes its estimate
     is_funded_refresh: bool = False  # chosen over the winner on refresh credit (commit pays)
+
+    @property
+    def rows(self) -> tuple[PlanRow, ...]:
+        return self.cols.rows()
 
 
 class Admission(NamedTuple):
@@ -73,6 +116,12 @@ class Admission(NamedTuple):
     penalty_prompt: np.ndarray | None  # prompt tokens to mark for repetition penalty
 
 
+class PageUpload(NamedTuple):
+    slot: int
+    first: int  # page-table index of pages[0]
+    pages: tuple[int, ...]  # logical page IDs
+
+
 class CommittedRow(NamedTuple):
     rid: int
     handle: Handle
@@ -80,8 +129,6 @@ class CommittedRow(NamedTuple):
     num_tokens: int
     sample: bool
     snapshot: int
-    first_page: int  # page-table index of new_pages[0]
-    new_pages: tuple[int, ...]  # logical page IDs to upload before the step
     tokens: np.ndarray | None  # prefill input tokens (int32)
     admission: Admission | None  # INITIALIZE only
 
@@ -90,7 +137,21 @@ class CommittedRow(NamedTuple):
 class CommittedStep:
     fence: int
     plan: ScheduledPlan
-    rows: tuple[CommittedRow, ...]
+    consumed: np.ndarray  # cumulative consumed tokens each row's record must report
+    generated: np.ndarray  # cumulative generated tokens each row's record must report
+    page_uploads: tuple[PageUpload, ...] = ()
+    extras: tuple[tuple[np.ndarray | None, Admission | None], ...] = ()  # (tokens, admission) per row; non-decode
+    committed_at: float = 0.0
+
+    @property
+    def cols(self) -> RowArrays:
+        return self.plan.cols
+
+    @property
+    def rows(self) -> tuple[CommittedRow, ...]:
+        extras = self.extras or ((None, None),) * len(self.cols)
+        return tuple(CommittedRow(r.rid, r.handle, r.start, r.num_tokens, r.sample, r.snapshot, tok, adm)
+                     for r, (tok, adm) in zip(self.plan.rows, extras))
 
 
 class TokenOutput(NamedTuple):
@@ -109,6 +170,15 @@ class Ended(NamedTuple):
 @dataclass(frozen=True)
 class StepResult:
     fence: int
-    tokens: tuple[TokenOutput, ...]  # in row order
+    rids: np.ndarray  # emitted tokens, column-wise, in row order
+    slots: np.ndarray
+    token_ids: np.ndarray
+    indices: np.ndarray  # 0-based output index of each token
     ended: tuple[Ended, ...]  # requests that reached a terminal condition in this step
     published: tuple[int, ...]  # checkpoints that became ready
+    _tokens: list = field(default_factory=list, repr=False)
+
+    @property
+    def tokens(self) -> tuple[TokenOutput, ...]:
+        return tuple(TokenOutput(int(r), int(t), int(s), int(i))
+                     for r, t, s, i in zip(self.rids, self.token_ids, self.slots, self.indices))

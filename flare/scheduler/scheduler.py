@@ -49,16 +49,17 @@ from ..model.contract import (
 )
 from ..request import PreparedPrompt, SamplingParams
 from .errors import CapacityError, CompletionError, StalePlanError, UnknownRequestError
-from .live import LiveRequest
+from .live import LiveRequest, SlotTable
 from .plan import (
-    Admission, CommittedRow, CommittedStep, Ended, Handle, Phase, PlanRow, ScheduledPlan, StepResult,
-    TokenOutput,
+    Admission, CommittedStep, Ended, Phase, PageUpload, RowArrays, ScheduledPlan, StepResult,
 )
+from .policy import Selection
 from .resources import IdPool
 from .timing import TimingEstimates
 
 _scheduler_ids = itertools.count(1)
 MAX_GENERATION = (1 << 62)
+_EMPTY = np.zeros(0, np.int64)
 
 
 class RequestScheduler:
@@ -69,16 +70,19 @@ class RequestScheduler:
         self.policy = policy
         self.clock = clock
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._eos = np.array(sorted(self.eos_token_ids), np.int64)
         self.page_tokens = contract.page_tokens
         self.slots = IdPool("slots", range(1, contract.max_active + 1))
         self.pages = IdPool("pages", range(contract.num_pages))
         self.rows = IdPool("snapshot rows", range(contract.num_snapshot_rows))
         self.cache = PrefixCheckpointCache(identity, contract.num_pages, contract.num_snapshot_rows)
         self.identity = identity
+        self.table = SlotTable(contract.max_active, contract.context)
         self.timing = TimingEstimates(len(contract.graphs), window=policy.timing_window,
                                       freshness_s=policy.timing_freshness_s,
                                       credit_fraction=policy.refresh_credit_fraction,
                                       credit_cap_s=policy.refresh_credit_cap_s)
+        self.selection = Selection(self)
         self.queue: deque[LiveRequest] = deque()
         self.live: dict[int, LiveRequest] = {}  # rid -> admitted request (until retired)
         self.by_slot: dict[int, LiveRequest] = {}
@@ -88,11 +92,14 @@ class RequestScheduler:
         self._rids = itertools.count(1)
         self._next_generation = 1
         self._admission_blocked = False  # the queue head did not fit; retry after resources change
-        self._caps_by_kind: dict[GraphKind, list[GraphSpec]] = {}
+        self._oldest_submit = 0.0
+        self._graphs: dict[GraphKind, list[GraphSpec]] = {}
         for g in contract.graphs:
-            self._caps_by_kind.setdefault(g.kind, []).append(g)
-        for graphs in self._caps_by_kind.values():
+            self._graphs.setdefault(g.kind, []).append(g)
+        for graphs in self._graphs.values():
             graphs.sort(key=lambda g: (g.batch, g.tokens))
+        self._decode_graph_for = [self.graph_for(GraphKind.DECODE, n) if n else None
+                                  for n in range(contract.max_batch + 1)]
         # counters
         self.num_admitted = self.num_completed = self.num_cancelled = 0
         self.launches = {kind: 0 for kind in GraphKind}
@@ -110,17 +117,15 @@ class RequestScheduler:
             raise CapacityError(
                 f"prompt ({length} tokens) plus max_tokens ({params.max_tokens}) exceeds the context "
                 f"of {self.contract.context} tokens")
-        if self._pages_for(length + params.max_tokens - 1) > self.contract.num_pages:
+        if self.pages_for(length + params.max_tokens - 1) > self.contract.num_pages:
             raise CapacityError(f"a {length + params.max_tokens}-token request needs more KV pages "
                                 f"than the cache holds ({self.contract.num_pages})")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
-        now = self.clock()
         endpoints = tuple(e for e in prompt.message_endpoints if 0 < e < length)
-        req = LiveRequest(rid=next(self._rids), prompt=prompt.token_ids, endpoints=endpoints,
-                          params=params, seed=int(seed) & ((1 << 63) - 1), arrival=now,
-                          stop_ids=frozenset(stop_ids), last_progress=now)
+        req = LiveRequest(next(self._rids), prompt.token_ids, endpoints, params, int(seed) & ((1 << 63) - 1),
+                          self.clock(), frozenset(stop_ids), self.table)
         self.queue.append(req)
         self._admission_blocked = False
         return req.rid
@@ -132,14 +137,13 @@ class RequestScheduler:
         raise UnknownRequestError(f"no live request {rid}")
 
     def finish(self, rid: int, reason: str = "stop") -> None:
-        """End a request (e.g. a stop string matched); its last tokens are not emitted."""
+        """End a request (e.g. a stop string matched); its later tokens are not emitted."""
         req = self.live.get(rid)
         if req is None:
             self.cancel(rid)
             return
         if req.ended is None:
-            req.ended = Ended(rid, reason, None)
-            self._enter_terminal(req)
+            self._end(req, Ended(rid, reason, None))
 
     def cancel(self, rid: int) -> bool:
         """Stop scheduling now; resources stay owned until the request's last fence completes."""
@@ -155,6 +159,7 @@ class RequestScheduler:
         req.cancelled = True
         if req.ended is None:
             req.ended = Ended(rid, "cancelled", None)
+            self.table.ended[req.slot] = True
         self.num_cancelled += 1
         req.terminal_row = self._release_row(req.terminal_row, req)
         req.phase = Phase.RETIRING
@@ -162,15 +167,43 @@ class RequestScheduler:
         self._try_retire(req)
         return True
 
-    # -- admission ----------------------------------------------------------
+    # -- resources ----------------------------------------------------------
 
-    def _pages_for(self, positions: int) -> int:
+    def pages_for(self, positions: int) -> int:
         return -(-max(positions, 1) // self.page_tokens)
+
+    def new_pages_needed(self, r: LiveRequest, positions: int) -> int:
+        """Pages still to assign so that positions [0, positions) are mapped."""
+        return max(0, self.pages_for(positions) - len(r.pages))
+
+    def graphs_of(self, kind: GraphKind) -> list[GraphSpec]:
+        return self._graphs[kind]
+
+    def graph_for(self, kind: GraphKind, rows: int, tokens: int = 1) -> GraphSpec:
+        for g in self._graphs[kind]:
+            if g.batch >= rows and g.tokens >= tokens:
+                return g
+        raise KeyError(kind)
+
+    def restore_row(self, r: LiveRequest) -> int:
+        return self.cache.checkpoint(r.tip).snapshot
+
+    def due_row(self, r: LiveRequest) -> int:
+        return r.target_rows[r.targets.index(r.snapshot_due)]
+
+    def take_row(self) -> int:
+        """A free snapshot row, evicting an unpinned cache leaf if none is free; -1 if impossible."""
+        if not self.rows.num_free:
+            self.cache.evict(snapshot_target=1)
+            self._collect_cache(self.completed_fence)
+        return self.rows.take_one() if self.rows.num_free else -1
 
     def _available_pages(self) -> int:
         counters = self.cache.counters()
         return (self.pages.num_free + self.pages.num_retiring + counters.retiring_pages
                 - self.reserved_pages)
+
+    # -- admission ----------------------------------------------------------
 
     def _admit_queued(self, now: float) -> None:
         while self.queue and self.slots.num_free and not self._admission_blocked:
@@ -187,7 +220,7 @@ class RequestScheduler:
         reused = hit.endpoint if hit else 0
         if hit:
             self.cache.pin(hit.checkpoint)
-        need = self._pages_for(length + req.max_tokens - 1) - reused // self.page_tokens
+        need = self.pages_for(length + req.max_tokens - 1) - reused // self.page_tokens
         deficit = need - self._available_pages()
         if deficit > 0:
             self.cache.evict(page_target=deficit)
@@ -200,83 +233,23 @@ class RequestScheduler:
         slot = self.slots.take_one()
         generation = self._next_generation
         self._next_generation = self._next_generation + 1 if self._next_generation < MAX_GENERATION else 1
-        req.handle = Handle(slot, generation)
+        req.phase = Phase.INITIALIZING
+        req.attach(slot, generation, self.contract.context, now)
         req.history = history
         req.reused = reused
-        req.consumed = req.planned = 0
         if hit:
             req.tip, req.tip_endpoint = hit.checkpoint, hit.endpoint
             req.pages = list(self.cache.page_table(hit.checkpoint))
             req.private_from = len(req.pages)
+            self.table.num_pages[slot] = len(req.pages)
         req.page_budget = need
         self.reserved_pages += need
-        self._select_targets(req)
-        req.phase = Phase.INITIALIZING
-        req.last_progress = now
+        self.selection.select_targets(req)
         req.bump()
         self.live[req.rid] = req
         self.by_slot[slot] = req
         self.num_admitted += 1
         return True
-
-    def _take_row(self, *, evict: bool) -> int:
-        if not self.rows.num_free and evict:
-            self.cache.evict(snapshot_target=1)
-            self._collect_cache(self.completed_fence)
-        return self.rows.take_one() if self.rows.num_free else -1
-
-    def _select_targets(self, req: LiveRequest) -> None:
-        """Reserve snapshot rows for checkpoint endpoints beyond the reused prefix.
-
-        The anchor is the last message boundary past the reuse (or the prompt end when
-        there is none). Earlier boundaries and a distinct prompt end are extras: each
-        costs a snapshot copy plus whatever prefill its cut adds, and together they
-        must fit in checkpoint_extra_work_fraction of the estimated uncached prefill
-        work. Unknown costs admit no extras.
-        """
-        length, reused = req.prompt_len, req.reused
-        boundaries = [e for e in req.endpoints if e > reused]
-        chosen: list[int] = []
-        if reused < length:
-            anchor = boundaries[-1] if boundaries else length
-            chosen.append(anchor)
-            base = self._prefill_cost_ns(reused, length, chosen)
-            snapshot = self.timing.estimate_ns(self._caps_by_kind[GraphKind.SNAPSHOT][0].index)
-            if base and snapshot:
-                budget = self.policy.checkpoint_extra_work_fraction * base
-                extras = boundaries[:-1] + ([length] if boundaries else [])
-                for endpoint in sorted(extras, reverse=True):  # later boundaries first
-                    cost = self._prefill_cost_ns(reused, length, chosen + [endpoint])
-                    extra = cost - base + snapshot
-                    if extra <= budget:
-                        chosen.append(endpoint)
-                        budget -= extra
-                        base = cost
-        rows: list[tuple[int, int]] = []
-        for i, endpoint in enumerate(chosen):  # anchor first: it may evict for its row
-            row = self._take_row(evict=i == 0)
-            if row < 0:
-                break
-            rows.append((endpoint, row))
-        rows.sort()
-        req.targets = [e for e, _ in rows]
-        req.target_rows = [r for _, r in rows]
-        req.terminal_row = self._take_row(evict=False)
-
-    def _prefill_cost_ns(self, start: int, end: int, cuts: list[int]) -> int:
-        """Estimated prefill time from start to end with chunks stopping at cuts (0: unknown)."""
-        graphs = self._caps_by_kind[GraphKind.PREFILL]
-        largest = graphs[-1].tokens
-        total, pos = 0, start
-        for stop in sorted({c for c in cuts if start < c < end} | {end}):
-            while pos < stop:
-                k = min(largest, stop - pos)
-                est = self.timing.estimate_ns(next(g for g in graphs if g.tokens >= k).index)
-                if est == 0:
-                    return 0
-                total += est
-                pos += k
-        return total
 
     # -- planning -----------------------------------------------------------
 
@@ -292,127 +265,35 @@ class RequestScheduler:
             # NOTE: the oldest queued graph running past its expected finish stops queueing.
             if now - self._oldest_submit > 1.5 * window[0].plan.estimate_ns * 1e-9 + 0.002:
                 return None
-        candidates = self._candidates()
-        if not candidates:
+        sel = self.selection
+        slots = sel.decodable()
+        decode = None
+        if len(slots):
+            if int(np.count_nonzero(sel.decode_pages_needed(slots))) <= self.pages.num_free:
+                decode = (self._decode_graph_for[len(slots)], slots, 0.0)
+        if not sel.has_other_work():
+            if decode is None:
+                if not window:
+                    self.timing.idle()
+                return None
+            # Only the decode cohort can run: no scoring needed.
+            graph = decode[0]
+            stale = self.timing.is_stale(graph.index, now)
+            if window and stale:
+                return None
+            return ScheduledPlan(self.id, GraphKind.DECODE, graph.index, graph.batch, graph.tokens,
+                                 sel.decode_plan_rows(slots), self.timing.estimate_ns(graph.index), stale)
+        candidates = sel.candidates()
+        if decode is not None:
+            decode = (decode[0], slots, sel.decode_value(slots))
+        if not candidates and decode is None:
             if not window:
                 self.timing.idle()
             return None
-        plan = self._select(candidates, now)
+        plan = sel.select(candidates, decode, now)
         if window and (plan.kind != GraphKind.DECODE or plan.is_refresh):
             return None  # the winner needs an empty window: let the queued decode drain
         return plan
-
-    def _graph_for(self, kind: GraphKind, rows: int, tokens: int = 1) -> GraphSpec:
-        for g in self._caps_by_kind[kind]:
-            if g.batch >= rows and g.tokens >= tokens:
-                return g
-        raise KeyError(kind)
-
-    def _candidates(self) -> list[tuple[GraphKind, GraphSpec, list[PlanRow], float]]:
-        """(kind, graph, rows, value) for every runnable cohort and shape."""
-        out: list[tuple[GraphKind, GraphSpec, list[PlanRow], float]] = []
-        pol = self.policy
-        tau = pol.service_price_adaptation_s
-        unit = pol.output_token_value
-        free_pages = self.pages.num_free
-        decoders = [r for r in self.live.values() if r.is_decodable]
-        if decoders:
-            decoders = decoders[:self.contract.max_batch]
-            need = sum(self._new_pages_needed(r, r.planned + 1) for r in decoders)
-            if need <= free_pages:
-                rows = [PlanRow(r.rid, r.handle, r.epoch, r.planned, 1, True, -1) for r in decoders]
-                value = sum(unit + self._price(r) + unit * pol.delivery_fairness * r.delivery_debt / tau
-                            for r in decoders)
-                out.append((GraphKind.DECODE, self._graph_for(GraphKind.DECODE, len(rows)), rows, value))
-        by_phase: dict[Phase, list[LiveRequest]] = {}
-        for r in self.live.values():
-            if r.inflight == 0:
-                by_phase.setdefault(r.phase, []).append(r)
-        for r in by_phase.get(Phase.INITIALIZING, ())[:1]:
-            if self._new_pages_needed(r, len(r.pages) * self.page_tokens) <= free_pages:
-                rows = [PlanRow(r.rid, r.handle, r.epoch, 0, 0, False, -1)]
-                out.append((GraphKind.INITIALIZE, self._graph_for(GraphKind.INITIALIZE, 1), rows,
-                            unit + self._price(r)))
-        for phase, kind in ((Phase.RESTORING, GraphKind.RESTORE), (Phase.RESUMING, GraphKind.RESUME),
-                            (Phase.SNAPSHOTTING, GraphKind.SNAPSHOT)):
-            group = by_phase.get(phase, [])[:self.contract.max_batch]
-            if phase == Phase.RESTORING:
-                group = [r for r in group if self._new_pages_needed(r, r.reused + 1) <= free_pages]
-                free_pages -= sum(self._new_pages_needed(r, r.reused + 1) for r in group)
-            if not group:
-                continue
-            rows = []
-            for r in group:
-                row = self._restore_row(r) if kind == GraphKind.RESTORE else (
-                    self._due_row(r) if kind == GraphKind.SNAPSHOT else -1)
-                start = r.reused if kind == GraphKind.RESTORE else r.planned
-                rows.append(PlanRow(r.rid, r.handle, r.epoch, start, 0, kind == GraphKind.RESUME, row))
-            value = sum(unit + self._price(r) for r in group)
-            out.append((kind, self._graph_for(kind, len(rows)), rows, value))
-        now = self.clock()
-        finishing = [r for r in by_phase.get(Phase.FINISHING, ()) if r.terminal_row >= 0]
-        if finishing:
-            group = finishing[:self.contract.max_batch]
-            rows = [PlanRow(r.rid, r.handle, r.epoch, r.planned, 0, False, r.terminal_row) for r in group]
-            value = sum(pol.terminal_value + pol.terminal_age_price * (now - r.finished_at) * 1e3 for r in group)
-            out.append((GraphKind.SNAPSHOT, self._graph_for(GraphKind.SNAPSHOT, len(rows)), rows, value))
-        for r in by_phase.get(Phase.PREFILLING, ()):
-            remaining = r.next_stop - r.planned
-            last_tokens = -1
-            for g in self._caps_by_kind[GraphKind.PREFILL]:
-                k = min(g.tokens, remaining)
-                if k == last_tokens:
-                    break  # larger capacities consume the same tokens: dominated
-                last_tokens = k
-                if self._new_pages_needed(r, r.planned + k) > free_pages:
-                    break
-                sample = r.planned + k == r.prompt_len
-                value = k + self._price(r) + (unit if sample else 0.0)
-                rows = [PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1)]
-                out.append((GraphKind.PREFILL, g, rows, value))
-        return out
-
-    def _price(self, r: LiveRequest) -> float:
-        """Token-service price: output-token units per adaptation time of unserved execution."""
-        pol = self.policy
-        return pol.output_token_value * pol.token_fairness * r.token_debt / pol.service_price_adaptation_s
-
-    def _restore_row(self, r: LiveRequest) -> int:
-        return self.cache.checkpoint(r.tip).snapshot
-
-    def _due_row(self, r: LiveRequest) -> int:
-        return r.target_rows[r.targets.index(r.snapshot_due)]
-
-    def _new_pages_needed(self, r: LiveRequest, positions: int) -> int:
-        """Pages still to assign so that positions [0, positions) are mapped."""
-        return max(0, self._pages_for(positions) - len(r.pages))
-
-    def _select(self, candidates, now: float) -> ScheduledPlan:
-        pol = self.policy
-        waiting_decode = [r.rid for r in self.live.values() if r.phase == Phase.DECODING and r.ended is None]
-        waiting_terminal = [r.rid for r in self.live.values() if r.phase == Phase.FINISHING]
-        n = len(candidates)
-        est = np.empty(n, dtype=np.float64)
-        value = np.empty(n, dtype=np.float64)
-        wait = np.empty(n, dtype=np.float64)
-        stale = np.zeros(n, dtype=np.uint8)
-        for i, (kind, graph, rows, v) in enumerate(candidates):
-            served = {row.rid for row in rows}
-            est[i] = self.timing.estimate_ns(graph.index) * 1e-6  # ms
-            value[i] = v
-            wait[i] = (pol.decode_age_price * sum(1 for rid in waiting_decode if rid not in served)
-                       + pol.terminal_age_price * sum(1 for rid in waiting_terminal if rid not in served))
-            stale[i] = self.timing.is_stale(graph.index, now)
-        best = fast.select_candidate(value, est, wait)
-        refresh = False
-        if self.timing.has_full_credit and est[best] > 0:
-            stale_ids = [i for i in range(n) if stale[i] and i != best]
-            if stale_ids:
-                best = min(stale_ids, key=lambda i: self.timing.refresh_order(candidates[i][1].index))
-                refresh = True
-        kind, graph, rows, _ = candidates[best]
-        return ScheduledPlan(self.id, kind, graph.index, graph.batch, graph.tokens, tuple(rows),
-                             self.timing.estimate_ns(graph.index), refresh or bool(stale[best]), refresh)
 
     # -- commit -------------------------------------------------------------
 
@@ -422,21 +303,16 @@ class RequestScheduler:
             raise StalePlanError("the plan belongs to another scheduler")
         if fence <= (self.inflight[-1].fence if self.inflight else self.completed_fence):
             raise StalePlanError(f"fence {fence} does not follow the last submitted fence")
-        reqs = []
-        for row in plan.rows:
-            req = self.live.get(row.rid)
-            if req is None or req.handle != row.handle or req.epoch != row.epoch:
-                raise StalePlanError(f"request {row.rid} changed since the plan was made")
-            reqs.append(req)
-        pages_needed = sum(self._new_pages_needed(req, self._mapped_positions(plan.kind, row, req))
-                           for row, req in zip(plan.rows, reqs))
-        if pages_needed > self.pages.num_free:
-            raise StalePlanError("the plan needs more free pages than are available")
+        t, cols = self.table, plan.cols
+        slots = cols.slots
+        if (np.any(t.rid[slots] != cols.rids) or np.any(t.generation[slots] != cols.generations)
+                or np.any(t.epoch[slots] != cols.epochs)):
+            raise StalePlanError("a request in the plan changed since the plan was made")
         now = self.clock()
-        committed = []
-        for row, req in zip(plan.rows, reqs):
-            committed.append(self._commit_row(plan, row, req, fence, now))
-        step = CommittedStep(fence, plan, tuple(committed))
+        if plan.kind == GraphKind.DECODE:
+            step = self._commit_decode(plan, fence, now)
+        else:
+            step = self._commit_rows(plan, fence, now)
         if not self.inflight:
             self._oldest_submit = now
         self.inflight.append(step)
@@ -445,44 +321,71 @@ class RequestScheduler:
             self.timing.pay_refresh(plan.graph_index)
         return step
 
-    def _mapped_positions(self, kind: GraphKind, row: PlanRow, req: LiveRequest) -> int:
+    def _commit_decode(self, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
+        t = self.table
+        slots = plan.cols.slots
+        grow = slots[self.selection.decode_pages_needed(slots)]
+        if len(grow) > self.pages.num_free:
+            raise StalePlanError("the plan needs more free pages than are available")
+        uploads = tuple(self._assign_pages(self.by_slot[int(s)], int(t.planned[s]) + 1) for s in grow)
+        t.planned[slots] += 1
+        t.planned_gen[slots] += 1
+        t.inflight[slots] += 1
+        t.last_fence[slots] = fence
+        t.epoch[slots] += 1
+        t.last_progress[slots] = now
+        return CommittedStep(fence, plan, t.planned[slots].copy(), t.planned_gen[slots].copy(),
+                             tuple(u for u in uploads if u.pages), committed_at=now)
+
+    def _commit_rows(self, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
+        reqs = [self.by_slot[int(s)] for s in plan.cols.slots]
+        need = sum(self.new_pages_needed(req, self._mapped_positions(plan.kind, row, req))
+                   for row, req in zip(plan.rows, reqs))
+        if need > self.pages.num_free:
+            raise StalePlanError("the plan needs more free pages than are available")
+        uploads, extras = [], []
+        for row, req in zip(plan.rows, reqs):
+            upload, extra = self._commit_row(plan.kind, row, req, fence, now)
+            if upload.pages:
+                uploads.append(upload)
+            extras.append(extra)
+        slots = plan.cols.slots
+        return CommittedStep(fence, plan, self.table.planned[slots].copy(), self.table.planned_gen[slots].copy(),
+                             tuple(uploads), tuple(extras), now)
+
+    def _mapped_positions(self, kind: GraphKind, row, req: LiveRequest) -> int:
         if kind == GraphKind.PREFILL:
             return row.start + row.num_tokens
-        if kind == GraphKind.DECODE:
-            return row.start + 1
         if kind == GraphKind.RESTORE:
             return req.reused + 1
         if kind == GraphKind.INITIALIZE:
             return len(req.pages) * self.page_tokens
         return 0
 
-    def _assign_pages(self, req: LiveRequest, positions: int) -> tuple[int, tuple[int, ...]]:
-        need = self._new_pages_needed(req, positions)
+    def _assign_pages(self, req: LiveRequest, positions: int) -> PageUpload:
+        need = self.new_pages_needed(req, positions)
         if need:
             if need > req.page_budget:
                 raise CapacityError(f"request {req.rid} outgrew its page reservation")
             req.pages.extend(self.pages.take(need))
             req.page_budget -= need
             self.reserved_pages -= need
+            self.table.num_pages[req.slot] = len(req.pages)
         first = req.uploaded_pages
-        new = tuple(req.pages[first:])
         req.uploaded_pages = len(req.pages)
-        return first, new
+        return PageUpload(req.slot, first, tuple(req.pages[first:]))
 
-    def _commit_row(self, plan: ScheduledPlan, row: PlanRow, req: LiveRequest, fence: int,
-                    now: float) -> CommittedRow:
-        kind = plan.kind
+    def _commit_row(self, kind: GraphKind, row, req: LiveRequest, fence: int, now: float):
         req.inflight += 1
         req.last_fence = fence
-        first, new_pages = self._assign_pages(req, self._mapped_positions(kind, row, req))
-        tokens = None
-        admission = None
-        if req.tip is not None:
-            self.cache.mark_used(req.tip, fence)
+        upload = self._assign_pages(req, self._mapped_positions(kind, row, req))
+        tokens = admission = None
         if kind == GraphKind.INITIALIZE:
             penalty = req.prompt if req.params.repetition_penalty != 1.0 else None
             admission = Admission(req.reused, req.seed, req.params, penalty)
             req.planned = req.reused
+            if req.tip is not None:
+                self.cache.mark_used(req.tip, fence)  # the first step that reads the cached prefix
             # A cached tail page (or the hidden state of a full hit) comes from the snapshot row.
             restore = req.reused and (req.reused % self.page_tokens or req.reused == req.prompt_len)
             req.phase = Phase.RESTORING if restore else Phase.PREFILLING
@@ -504,22 +407,16 @@ class RequestScheduler:
                 req.phase = Phase.SNAPSHOTTING
             elif req.planned == req.prompt_len:
                 req.phase = Phase.DECODING
-        elif kind == GraphKind.DECODE:
-            req.planned += 1
-            req.planned_generated += 1
-            req.last_progress = now
         elif kind == GraphKind.SNAPSHOT:
             self._publish(req, row.snapshot, fence, terminal=req.phase == Phase.FINISHING)
         req.bump()
-        return CommittedRow(req.rid, req.handle, row.start, row.num_tokens, row.sample, row.snapshot,
-                            first, new_pages, tokens, admission)
+        return upload, (tokens, admission)
 
     def _publish(self, req: LiveRequest, row: int, fence: int, *, terminal: bool) -> None:
         """Publish the checkpoint the SNAPSHOT step at ``fence`` captures."""
         if terminal:
             endpoint = req.planned
-            consumed_outputs = endpoint - req.prompt_len
-            req.history.append(np.asarray(req.sampled[:consumed_outputs], dtype=np.int32))
+            req.history.append(np.asarray(req.sampled[:endpoint - req.prompt_len], dtype=np.int32))
             req.terminal_row = -1
         else:
             endpoint = req.snapshot_due
@@ -527,33 +424,29 @@ class RequestScheduler:
             req.targets.pop(i)
             req.target_rows.pop(i)
             req.snapshot_due = -1
-            if req.ended is not None:
-                req.phase = Phase.RETIRING  # decided below, once the tip has moved
-            elif endpoint == req.prompt_len or req.planned == req.prompt_len:
-                req.phase = Phase.DECODING
-            else:
-                req.phase = Phase.PREFILLING
+            if req.ended is None:
+                req.phase = Phase.DECODING if req.planned == req.prompt_len else Phase.PREFILLING
         start = req.tip_endpoint // self.page_tokens
         end = endpoint // self.page_tokens
-        own = req.pages[start:end]
         result = None
         if endpoint > req.tip_endpoint and start >= req.private_from:
-            result = self.cache.publish(req.history, endpoint, parent=req.tip, pages=own, snapshot=row,
-                                        consumed=endpoint, ready_fence=fence)
+            result = self.cache.publish(req.history, endpoint, parent=req.tip, pages=req.pages[start:end],
+                                        snapshot=row, consumed=endpoint, ready_fence=fence)
         if isinstance(result, Created):
             req.private_from = end
-            self._move_tip(req, result.checkpoint, endpoint)
+            self._move_tip(req, result.checkpoint, endpoint, fence)
         else:
             if result is not None:  # Existing: keep our pages, chain onto the cached checkpoint
-                self._move_tip(req, result.checkpoint, endpoint)
+                self._move_tip(req, result.checkpoint, endpoint, fence)
             self.rows.retire([row], fence, self.completed_fence)
         if terminal:
             req.phase = Phase.RETIRING
         elif req.ended is not None:
             self._after_end(req)
 
-    def _move_tip(self, req: LiveRequest, checkpoint: int, endpoint: int) -> None:
+    def _move_tip(self, req: LiveRequest, checkpoint: int, endpoint: int, fence: int) -> None:
         self.cache.pin(checkpoint)
+        self.cache.mark_used(checkpoint, fence)
         if req.tip is not None:
             self.cache.unpin(req.tip)
         req.tip, req.tip_endpoint = checkpoint, endpoint
@@ -568,85 +461,59 @@ class RequestScheduler:
         if step.fence != fence or step.plan.graph_index != graph_index:
             raise CompletionError(f"completion (fence {fence}, graph {graph_index}) does not match the oldest "
                                   f"submission (fence {step.fence}, graph {step.plan.graph_index})")
-        kind = step.plan.kind
-        expected = self._expected_counts(step)
-        n = len(step.rows)
-        slots = np.fromiter((r.handle.slot for r in step.rows), dtype=np.int64, count=n)
-        gens = np.fromiter((r.handle.generation for r in step.rows), dtype=np.int64, count=n)
-        bad = fast.validate_records(records, slots, gens, expected[0], expected[1], 1)
+        cols = step.cols
+        slots = cols.slots
+        bad = fast.validate_records(records, slots, cols.generations, step.consumed, step.generated, 1)
         if bad >= 0:
-            row = step.rows[bad]
-            rec = records[row.handle.slot]
+            s = int(slots[bad])
+            rec = records[s] if 0 <= s < len(records) else None
             raise CompletionError(
-                f"{kind.name} completion at fence {fence} for slot {row.handle.slot}: record has slot "
-                f"{rec[REC_SLOT]}, generation {rec[REC_GENERATION]}, consumed {rec[REC_CONSUMED]}, generated "
-                f"{rec[REC_GENERATED]}, new {rec[REC_NEW_TOKENS]}; expected generation {gens[bad]}, consumed "
-                f"{expected[0][bad]}, generated {expected[1][bad]}")
+                f"{step.plan.kind.name} completion at fence {fence} for slot {s}: record "
+                f"{None if rec is None else (int(rec[REC_SLOT]), int(rec[REC_GENERATION]), int(rec[REC_CONSUMED]), int(rec[REC_GENERATED]), int(rec[REC_NEW_TOKENS]))} "
+                f"(slot, generation, consumed, generated, new); expected generation {cols.generations[bad]}, "
+                f"consumed {step.consumed[bad]}, generated {step.generated[bad]}")
         # -- commit the completion
+        t = self.table
         self.inflight.popleft()
         self.completed_fence = fence
         now = self.clock()
         self._oldest_submit = now
-        self.launches[kind] += 1
+        self.launches[step.plan.kind] += 1
         self.timing.observe(graph_index, duration_ns, now)
-        outputs: list[TokenOutput] = []
+        t.consumed[slots] = step.consumed
+        t.generated[slots] = step.generated
+        t.inflight[slots] -= 1
+        t.epoch[slots] += 1
+        emit = (records[slots, REC_NEW_TOKENS] > 0) & ~t.ended[slots]
         ended: list[Ended] = []
-        for i, row in enumerate(step.rows):
-            req = self.live[row.rid]
-            req.inflight -= 1
-            req.consumed = int(expected[0][i])
-            rec = records[row.handle.slot]
-            if rec[REC_NEW_TOKENS]:
-                req.generated += 1
-                token = int(rec[REC_TOKEN0])
-                if req.ended is None:
-                    req.sampled.append(token)
-                    outputs.append(TokenOutput(req.rid, token, row.handle.slot, len(req.sampled) - 1))
-                    end = self._stop_condition(req, token)
-                    if end is not None:
-                        req.ended = end
-                        ended.append(end)
-                        self._enter_terminal(req)
-            req.bump()
-        self._update_prices(step, duration_ns * 1e-9, outputs)
+        if emit.any():
+            es = slots[emit]
+            tokens = records[es, REC_TOKEN0]
+            index = t.num_out[es]
+            t.out[es, index] = tokens
+            t.num_out[es] = index + 1
+            rids = t.rid[es].copy()
+            stop = (tokens[:, None] == self._eos[None, :]).any(axis=1) & ~t.ignore_eos[es]
+            if t.has_stop_ids[es].any():
+                for i in np.flatnonzero(t.has_stop_ids[es]):
+                    stop[i] |= int(tokens[i]) in self.by_slot[int(es[i])].stop_ids
+            done = stop | (t.num_out[es] >= t.limit[es])
+            for i in np.flatnonzero(done):
+                req = self.by_slot[int(es[i])]
+                ended.append(Ended(req.rid, "stop", int(tokens[i])) if stop[i] else Ended(req.rid, "length", None))
+                self._end(req, ended[-1])
+        else:
+            es = rids = tokens = index = _EMPTY
+        self.selection.update_prices(step, duration_ns * 1e-9, es)
         published = self._advance(fence)
-        for req in [r for r in self.live.values() if r.phase == Phase.RETIRING]:
-            self._try_retire(req)
-        return StepResult(fence, tuple(outputs), tuple(ended), published)
+        for s in slots[(t.phase[slots] == int(Phase.RETIRING)) & (t.inflight[slots] == 0)]:
+            self._try_retire(self.by_slot[int(s)])
+        return StepResult(fence, rids, es, tokens, index, tuple(ended), published)
 
-    def _expected_counts(self, step: CommittedStep) -> tuple[np.ndarray, np.ndarray]:
-        """Consumed and generated totals each row's record must report."""
-        n = len(step.rows)
-        consumed = np.empty(n, dtype=np.int64)
-        generated = np.empty(n, dtype=np.int64)
-        kind = step.plan.kind
-        for i, row in enumerate(step.rows):
-            req = self.live.get(row.rid)
-            if req is None:
-                raise CompletionError(f"completion names retired request {row.rid}")
-            base_gen = req.generated
-            if kind in (GraphKind.PREFILL, GraphKind.DECODE):
-                consumed[i] = row.start + row.num_tokens
-            elif kind == GraphKind.RESTORE:
-                consumed[i] = req.reused
-            elif kind == GraphKind.INITIALIZE:
-                consumed[i] = req.reused
-            else:
-                consumed[i] = row.start
-            generated[i] = base_gen + (1 if row.sample else 0)
-        return consumed, generated
-
-    def _stop_condition(self, req: LiveRequest, token: int) -> Ended | None:
-        if token in req.stop_ids:
-            return Ended(req.rid, "stop", token)
-        if len(req.sampled) >= req.max_tokens:
-            return Ended(req.rid, "length", None)
-        if req.prompt_len + len(req.sampled) >= self.contract.context:
-            return Ended(req.rid, "length", None)
-        return None
-
-    def _enter_terminal(self, req: LiveRequest) -> None:
+    def _end(self, req: LiveRequest, end: Ended) -> None:
         """A request just ended: count it and move it toward retirement."""
+        req.ended = end
+        self.table.ended[req.slot] = True
         req.finished_at = self.clock()
         self.num_completed += 1
         if req.phase != Phase.SNAPSHOTTING:  # a pending boundary snapshot runs first
@@ -684,7 +551,7 @@ class RequestScheduler:
         return done.ready
 
     def _try_retire(self, req: LiveRequest) -> None:
-        """Release a terminal request's resources once its last step was submitted."""
+        """Release a terminal request's resources once its last step has completed."""
         if req.phase != Phase.RETIRING or req.inflight:
             return
         fence, done = req.last_fence, self.completed_fence
@@ -697,37 +564,14 @@ class RequestScheduler:
         req.terminal_row = self._release_row(req.terminal_row, req)
         self.reserved_pages -= req.page_budget
         req.page_budget = 0
-        self.slots.retire([req.handle.slot], fence, done)
+        slot = req.slot
+        self.slots.retire([slot], fence, done)
         del self.live[req.rid]
-        del self.by_slot[req.handle.slot]
+        del self.by_slot[slot]
         req.phase = Phase.RETIRED
         req.bump()
+        req.detach()
         self._admission_blocked = False
-
-    # -- fairness -------------------------------------------------------------
-
-    def _update_prices(self, step: CommittedStep, elapsed: float, outputs: list[TokenOutput]) -> None:
-        """Grow unserved requests' prices by the frame's duration; served ones pay it down."""
-        served = {row.rid: row.num_tokens + row.sample for row in step.rows}
-        delivered = {o.rid for o in outputs}
-        solo_decode = self.timing.estimate_ns(self._caps_by_kind[GraphKind.DECODE][0].index) * 1e-9
-        chunk = self._caps_by_kind[GraphKind.PREFILL][-1]
-        per_prompt_token = self.timing.estimate_ns(chunk.index) * 1e-9 / chunk.tokens
-        runnable = [r for r in self.live.values() if r.ended is None and r.phase != Phase.QUEUED]
-        if not runnable:
-            return
-        for r in runnable:
-            tokens = served.get(r.rid, 0)
-            rate_cost = solo_decode if r.phase == Phase.DECODING else per_prompt_token
-            r.token_debt += elapsed - (tokens * rate_cost if rate_cost > 0 else (elapsed if tokens else 0.0))
-            if r.phase == Phase.DECODING:
-                r.delivery_debt += elapsed - (solo_decode if r.rid in delivered and solo_decode > 0
-                                              else (elapsed if r.rid in delivered else 0.0))
-        floor_tok = min(r.token_debt for r in runnable)
-        floor_del = min(r.delivery_debt for r in runnable)
-        for r in runnable:  # only relative debt matters; keep values bounded
-            r.token_debt = max(0.0, r.token_debt - floor_tok)
-            r.delivery_debt = max(0.0, r.delivery_debt - floor_del)
 
     # -- shutdown and introspection -----------------------------------------
 
@@ -754,5 +598,3 @@ class RequestScheduler:
     @property
     def num_queued(self) -> int:
         return len(self.queue)
-
-    _oldest_submit: float = 0.0

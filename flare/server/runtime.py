@@ -261,9 +261,10 @@ class ModelRuntime:
 
     def _publish(self, result: StepResult, done: ExecutionCompletion) -> None:
         by_rid: dict[int, list] = {}
-        for out in result.tokens:
-            by_rid.setdefault(out.rid, []).append(out)
+        for rid, token, slot in zip(result.rids.tolist(), result.token_ids.tolist(), result.slots.tolist()):
+            by_rid.setdefault(rid, []).append((token, slot))
         ended = {e.rid: e for e in result.ended}
+        live = self.scheduler.live
         for rid, outputs in by_rid.items():
             consumer = self._consumers.get(rid)
             if consumer is None or consumer.is_done:
@@ -271,7 +272,7 @@ class ModelRuntime:
             self.counters.generated_tokens += len(outputs)
             if consumer.first_token_at is None:
                 consumer.first_token_at = time.monotonic()
-                consumer.cached_tokens = self.scheduler.live[rid].reused if rid in self.scheduler.live else 0
+                consumer.cached_tokens = live[rid].reused if rid in live else 0
             self._emit(consumer, outputs, done, ended.get(rid))
         for rid, end in ended.items():
             consumer = self._consumers.get(rid)
@@ -282,16 +283,17 @@ class ModelRuntime:
         params = consumer.params
         visible = []
         logprobs = [] if params.logprobs else None
-        for out in outputs:
+        last = len(outputs) - 1
+        for i, (token, slot) in enumerate(outputs):
             consumer.num_tokens += 1
-            is_stop_token = end is not None and end.stop == out.token and out is outputs[-1]
+            is_stop_token = end is not None and end.stop == token and i == last
             if not is_stop_token:
-                visible.append(out.token)
+                visible.append(token)
             if logprobs is not None and not is_stop_token:
-                row = done.logprobs[out.slot]
-                ids = done.top_ids[out.slot]
-                top = tuple((int(ids[i]), float(row[1 + i])) for i in range(params.top_logprobs))
-                logprobs.append(TokenLogprob(out.token, float(row[0]), top))
+                row = done.logprobs[slot]
+                ids = done.top_ids[slot]
+                top = tuple((int(ids[k]), float(row[1 + k])) for k in range(params.top_logprobs))
+                logprobs.append(TokenLogprob(token, float(row[0]), top))
         text = consumer.pending_text + (consumer.decoder.push(visible) if visible else "")
         text, stop = self._split_stop(consumer, text, final=False)
         if stop is not None:

@@ -329,16 +329,17 @@ def test_funded_refresh_displaces_the_winner():
     t.observe(dec.index, 1_000_000, clock.now - 40)
     t.observe(pre.index, 1_000_000, clock.now - 40)  # both observed 40 s ago
     t.observe(dec.index, 1_000_000, clock.now)  # the decode is fresh again
-    candidates = [(GraphKind.DECODE, dec, [], 1000.0), (GraphKind.PREFILL, pre, [], 10.0)]
+    candidates = [(GraphKind.PREFILL, pre, [], 10.0)]
+    decode = (dec, np.zeros(0, np.int64), 1000.0)
     t.credit_ns = 0
-    plan = sched._select(candidates, clock.now)
+    plan = sched.selection.select(candidates, decode, clock.now)
     assert plan.kind == GraphKind.DECODE and not plan.is_refresh
     t.credit_ns = t.credit_cap_ns
-    plan = sched._select(candidates, clock.now)
+    plan = sched.selection.select(candidates, decode, clock.now)
     assert plan.kind == GraphKind.PREFILL and plan.is_refresh and plan.is_funded_refresh
     t.pay_refresh(plan.graph_index)  # what commit does for a funded refresh
     assert not t.has_full_credit  # another refresh waits for full credit
-    plan = sched._select(candidates, clock.now)
+    plan = sched.selection.select(candidates, decode, clock.now)
     assert plan.kind == GraphKind.DECODE
 
 

@@ -1,0 +1,281 @@
+"""Selection policy: candidates, value per duration, fairness prices, checkpoint targets.
+
+See docs/scheduler.md for the policy in prose. This module reads the
+scheduler's state and never mutates request phases; its only writes are the
+fairness debts in the SlotTable (after each completion) and the reservation
+of snapshot rows for a new admission's checkpoint targets.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .._fast import sched as fast
+from ..model.contract import GraphKind, GraphSpec
+from .live import LiveRequest
+from .plan import CommittedStep, Phase, PlanRow, RowArrays, ScheduledPlan
+
+if TYPE_CHECKING:
+    from .scheduler import RequestScheduler
+
+Candidate = tuple[GraphKind, GraphSpec, list[PlanRow], float]
+
+# Phase codes are ordered: INITIALIZING..SNAPSHOTTING (1..5) precede DECODING (6) and FINISHING (7).
+assert Phase.INITIALIZING < Phase.SNAPSHOTTING < Phase.DECODING < Phase.FINISHING
+_FIRST, _LAST_PREP = int(Phase.INITIALIZING), int(Phase.SNAPSHOTTING)
+_DECODING, _FINISHING = int(Phase.DECODING), int(Phase.FINISHING)
+
+
+class Selection:
+    def __init__(self, sched: "RequestScheduler"):
+        self.s = sched
+        self.pol = sched.policy
+        self.per_prompt_s = 0.0  # solo seconds per prompt token (0: unmeasured)
+        self.per_output_s = 0.0  # solo seconds per output token
+
+    # -- candidates -----------------------------------------------------------
+
+    def decodable(self) -> np.ndarray:
+        """Slots whose request can take another decode step now (column-wise test)."""
+        t = self.s.table
+        mask = (t.phase == int(Phase.DECODING)) & ~t.ended & (t.planned_gen < t.limit)
+        return np.flatnonzero(mask)
+
+    def has_other_work(self) -> bool:
+        """Any admitted request waiting for a non-decode step (with nothing in flight)."""
+        t = self.s.table
+        phase = t.phase
+        other = ((phase >= _FIRST) & (phase <= _LAST_PREP)) | (phase == _FINISHING)
+        return bool(np.any(other & (t.inflight == 0)))
+
+    def decode_pages_needed(self, slots: np.ndarray) -> np.ndarray:
+        """Mask of slots whose next decode position needs a new page."""
+        t = self.s.table
+        return t.planned[slots] >= t.num_pages[slots] * self.s.page_tokens
+
+    def decode_value(self, slots: np.ndarray) -> float:
+        t = self.s.table
+        unit = self.pol.output_token_value
+        value = unit * len(slots)
+        if self.per_output_s:
+            value += (self.pol.token_fairness * unit * t.token_debt[slots].sum()
+                      + self.pol.delivery_fairness * unit * t.delivery_debt[slots].sum()) / self.per_output_s
+        return float(value)
+
+    def decode_plan_rows(self, slots: np.ndarray) -> RowArrays:
+        t = self.s.table
+        n = len(slots)
+        ones = np.ones(n, np.int64)
+        return RowArrays(t.rid[slots].copy(), slots.astype(np.int64), t.generation[slots].copy(),
+                         t.epoch[slots].copy(), t.planned[slots].copy(), ones, ones.copy(),
+                         np.full(n, -1, np.int64))
+
+    def candidates(self) -> list[Candidate]:
+        """(kind, graph, rows, value) for every runnable cohort and shape but decode."""
+        s = self.s
+        out: list[Candidate] = []
+        unit = self.pol.output_token_value
+        free_pages = s.pages.num_free
+        by_phase: dict[Phase, list[LiveRequest]] = {}
+        for r in s.live.values():
+            if r.inflight == 0:
+                by_phase.setdefault(r.phase, []).append(r)
+        for r in by_phase.get(Phase.INITIALIZING, ())[:1]:
+            if s.new_pages_needed(r, len(r.pages) * s.page_tokens) <= free_pages:
+                rows = [PlanRow(r.rid, r.handle, r.epoch, 0, 0, False, -1)]
+                out.append((GraphKind.INITIALIZE, s.graph_for(GraphKind.INITIALIZE, 1), rows, unit + self.price(r)))
+        for phase, kind in ((Phase.RESTORING, GraphKind.RESTORE), (Phase.RESUMING, GraphKind.RESUME),
+                            (Phase.SNAPSHOTTING, GraphKind.SNAPSHOT)):
+            group = by_phase.get(phase, [])[:s.contract.max_batch]
+            if phase == Phase.RESTORING:
+                fits = []
+                for r in group:
+                    need = s.new_pages_needed(r, r.reused + 1)
+                    if need <= free_pages:
+                        free_pages -= need
+                        fits.append(r)
+                group = fits
+            if not group:
+                continue
+            rows = []
+            for r in group:
+                if kind == GraphKind.RESTORE:
+                    rows.append(PlanRow(r.rid, r.handle, r.epoch, r.reused, 0, False, s.restore_row(r)))
+                elif kind == GraphKind.SNAPSHOT:
+                    rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, 0, False, s.due_row(r)))
+                else:
+                    rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, 0, True, -1))
+            out.append((kind, s.graph_for(kind, len(rows)), rows, sum(unit + self.price(r) for r in group)))
+        finishing = [r for r in by_phase.get(Phase.FINISHING, ()) if r.terminal_row >= 0][:s.contract.max_batch]
+        if finishing:
+            now = s.clock()
+            rows = [PlanRow(r.rid, r.handle, r.epoch, r.planned, 0, False, r.terminal_row) for r in finishing]
+            value = sum(self.pol.terminal_value + self.pol.terminal_age_price * (now - r.finished_at) * 1e3
+                        for r in finishing)
+            out.append((GraphKind.SNAPSHOT, s.graph_for(GraphKind.SNAPSHOT, len(rows)), rows, value))
+        for r in by_phase.get(Phase.PREFILLING, ()):
+            planned = r.planned
+            remaining = r.next_stop - planned
+            price = self.price(r)
+            last_tokens = -1
+            for g in s.graphs_of(GraphKind.PREFILL):
+                k = min(g.tokens, remaining)
+                if k == last_tokens:
+                    break  # larger capacities consume the same tokens: dominated
+                last_tokens = k
+                if s.new_pages_needed(r, planned + k) > free_pages:
+                    break
+                sample = planned + k == r.prompt_len
+                rows = [PlanRow(r.rid, r.handle, r.epoch, planned, k, sample, -1)]
+                out.append((GraphKind.PREFILL, g, rows, k + price + (unit if sample else 0.0)))
+        return out
+
+    # -- selection -------------------------------------------------------------
+
+    def select(self, candidates: list[Candidate], decode: tuple[GraphSpec, np.ndarray, float] | None,
+               now: float) -> ScheduledPlan:
+        """Score candidates (plus the column-wise decode cohort) and build the winner's plan."""
+        s, pol = self.s, self.pol
+        t = s.table
+        waiting_decode = t.phase == int(Phase.DECODING)
+        waiting_decode &= ~t.ended
+        num_decoding = int(np.count_nonzero(waiting_decode))
+        num_terminal = int(np.count_nonzero(t.phase == int(Phase.FINISHING)))
+        n = len(candidates) + (decode is not None)
+        est = np.empty(n, np.float64)
+        value = np.empty(n, np.float64)
+        wait = np.empty(n, np.float64)
+        stale = np.zeros(n, np.bool_)
+        graphs: list[GraphSpec] = []
+        for i, (kind, graph, rows, v) in enumerate(candidates):
+            served_decoding = sum(1 for r in rows if s.live[r.rid].phase == Phase.DECODING)
+            served_terminal = sum(1 for r in rows if s.live[r.rid].phase == Phase.FINISHING)
+            est[i] = s.timing.estimate_ns(graph.index) * 1e-6  # ms
+            value[i] = v
+            wait[i] = (pol.decode_age_price * (num_decoding - served_decoding)
+                       + pol.terminal_age_price * (num_terminal - served_terminal))
+            stale[i] = s.timing.is_stale(graph.index, now)
+            graphs.append(graph)
+        if decode is not None:
+            graph, slots, v = decode
+            i = n - 1
+            est[i] = s.timing.estimate_ns(graph.index) * 1e-6
+            value[i] = v
+            wait[i] = pol.decode_age_price * (num_decoding - len(slots)) + pol.terminal_age_price * num_terminal
+            stale[i] = s.timing.is_stale(graph.index, now)
+            graphs.append(graph)
+        best = fast.select_candidate(value, est, wait)
+        funded = False
+        if s.timing.has_full_credit and est[best] > 0:
+            stale_ids = [i for i in range(n) if stale[i] and i != best]
+            if stale_ids:
+                best = min(stale_ids, key=lambda i: s.timing.refresh_order(graphs[i].index))
+                funded = True
+        graph = graphs[best]
+        if decode is not None and best == n - 1:
+            kind, cols = GraphKind.DECODE, self.decode_plan_rows(decode[1])
+        else:
+            kind, _, rows, _ = candidates[best]
+            cols = RowArrays.from_rows(rows)
+        return ScheduledPlan(s.id, kind, graph.index, graph.batch, graph.tokens, cols,
+                             s.timing.estimate_ns(graph.index), funded or bool(stale[best]), funded)
+
+    # -- fairness --------------------------------------------------------------
+
+    def price(self, r: LiveRequest) -> float:
+        """Token-service price in prompt-token units: the tokens the request could have been
+        served alone during its unserved time (its debt), times token_fairness."""
+        pol = self.pol
+        if r.phase == Phase.DECODING:
+            per = self.per_output_s
+            return pol.token_fairness * pol.output_token_value * r.token_debt / per if per else 0.0
+        per = self.per_prompt_s
+        return pol.token_fairness * r.token_debt / per if per else 0.0
+
+    def refresh_solo_costs(self) -> None:
+        """Seconds per token a request gets alone: the best measured prefill capacity per prompt
+        token, the smallest measured decode graph per output token (0 while unmeasured)."""
+        s = self.s
+        per_prompt = 0.0
+        for g in s.graphs_of(GraphKind.PREFILL):
+            est = s.timing.estimate_ns(g.index)
+            if est and (per_prompt == 0.0 or est * 1e-9 / g.tokens < per_prompt):
+                per_prompt = est * 1e-9 / g.tokens
+        per_output = 0.0
+        for g in s.graphs_of(GraphKind.DECODE):
+            est = s.timing.estimate_ns(g.index)
+            if est:
+                per_output = est * 1e-9
+                break
+        self.per_prompt_s, self.per_output_s = per_prompt, per_output
+
+    def update_prices(self, step: CommittedStep, elapsed: float, delivered: np.ndarray) -> None:
+        """Every runnable request's debt grows by the frame's duration and shrinks by the solo
+        service time of the tokens the frame gave it (unmeasured graphs give none). Debt fades
+        with the adaptation time (service_price_adaptation_s), so prices follow recent service.
+        Only relative debt matters: the minimum is subtracted."""
+        self.refresh_solo_costs()
+        t = self.s.table
+        cols = step.cols
+        fast.update_debts(t.phase, t.ended.view(np.uint8), t.token_debt, t.delivery_debt, cols.slots,
+                          cols.num_tokens + cols.sample, delivered, self.per_prompt_s, self.per_output_s,
+                          elapsed, math.exp(-elapsed / self.pol.service_price_adaptation_s), _FIRST, _DECODING)
+
+    # -- checkpoint targets ------------------------------------------------------
+
+    def select_targets(self, req: LiveRequest) -> None:
+        """Reserve snapshot rows for checkpoint endpoints beyond the reused prefix.
+
+        The anchor is the last message boundary past the reuse (or the prompt end when
+        there is none). Earlier boundaries and a distinct prompt end are extras: each
+        costs a snapshot copy plus whatever prefill its cut adds, and together they
+        must fit in checkpoint_extra_work_fraction of the estimated uncached prefill
+        work. Unknown costs admit no extras.
+        """
+        s = self.s
+        length, reused = req.prompt_len, req.reused
+        boundaries = [e for e in req.endpoints if e > reused]
+        chosen: list[int] = []
+        if reused < length:
+            chosen.append(boundaries[-1] if boundaries else length)
+            base = self.prefill_cost_ns(reused, length, chosen)
+            snapshot = s.timing.estimate_ns(s.graphs_of(GraphKind.SNAPSHOT)[0].index)
+            if base and snapshot:
+                budget = self.pol.checkpoint_extra_work_fraction * base
+                extras = boundaries[:-1] + ([length] if boundaries else [])
+                for endpoint in sorted(extras, reverse=True):  # later boundaries first
+                    cost = self.prefill_cost_ns(reused, length, chosen + [endpoint])
+                    extra = cost - base + snapshot
+                    if extra <= budget:
+                        chosen.append(endpoint)
+                        budget -= extra
+                        base = cost
+        rows: list[tuple[int, int]] = []
+        for endpoint in chosen:  # anchor first; rows may come from evicting LRU cache leaves
+            row = s.take_row()
+            if row < 0:
+                break
+            rows.append((endpoint, row))
+        rows.sort()
+        req.targets = [e for e, _ in rows]
+        req.target_rows = [r for _, r in rows]
+        req.terminal_row = s.take_row()
+
+    def prefill_cost_ns(self, start: int, end: int, cuts: list[int]) -> int:
+        """Estimated prefill time from start to end with chunks stopping at cuts (0: unknown)."""
+        s = self.s
+        graphs = s.graphs_of(GraphKind.PREFILL)
+        largest = graphs[-1].tokens
+        total, pos = 0, start
+        for stop in sorted({c for c in cuts if start < c < end} | {end}):
+            while pos < stop:
+                k = min(largest, stop - pos)
+                est = s.timing.estimate_ns(next(g for g in graphs if g.tokens >= k).index)
+                if est == 0:
+                    return 0
+                total += est
+                pos += k
+        return total
