@@ -90,11 +90,21 @@ cdef extern from *:
     }
     static inline void flare_png_sub_px(const uint8_t* src, uint8_t* cur, ptrdiff_t stride,
                                         ptrdiff_t bpp) {
+        /* Byte lanes: paddb wraps modulo 256 as the filter does. */
         __m128i a = _mm_setzero_si128();
-        const __m128i mask = _mm_set1_epi16(0xFF);
         for (ptrdiff_t i = 0; i < stride; i += bpp) {
-            a = _mm_and_si128(_mm_add_epi16(a, flare_px_load(src + i, bpp, i + 4 <= stride)), mask);
-            flare_px_store(cur + i, a, bpp, i + 4 <= stride);
+            const int whole = i + 4 <= stride;
+            uint32_t v = 0, packed;
+            if (whole) memcpy(&v, src + i, 4); else memcpy(&v, src + i, (size_t)bpp);
+            a = _mm_add_epi8(a, _mm_cvtsi32_si128((int)v));
+            packed = (uint32_t)_mm_cvtsi128_si32(a);
+            if (whole || bpp == 4) {
+                memcpy(cur + i, &packed, 4);
+            } else {
+                const uint16_t low = (uint16_t)packed;
+                memcpy(cur + i, &low, 2);
+                cur[i + 2] = (uint8_t)(packed >> 16);
+            }
         }
     }
     static inline void flare_png_avg_px(const uint8_t* src, const uint8_t* prev, uint8_t* cur,
