@@ -74,6 +74,18 @@ CASES = [
     "{% for a in [1, 2] %}{% for b in [3] %}{% set a = a + b %}{{ a }}{% endfor %}{{ a }}{% endfor %}",
     "{% macro outer() %}{% macro inner() %}I{{ y }}{% endmacro %}{% set y = 2 %}{{ inner() }}{% endmacro %}{{ outer() }}",
     "{% set x %}a{% endset %}{% for i in [1] %}{% set x %}b{% endset %}{{ x }}{% endfor %}{{ x }}", "{% macro m(a, b=a) %}{{ b }}{% endmacro %}{{ m(4) }}",
+    # root names first assigned start undefined for macros/loops running earlier
+    "{% macro m() %}{{ n }}{% endmacro %}{{ m() }}|{% set n = 2 %}{{ m() }}",
+    "{{ n }}{% macro m() %}{{ n }}{% endmacro %}{{ m() }}|{% set n = 2 %}{{ m() }}",
+    "{% for i in [1] %}{{ n }}{% endfor %}{% set n = 2 %}{{ n }}",
+    "{% if t %}{{ n }}{% endif %}{% set n = 2 %}{{ n }}", "{% set y = n %}{% set n = 2 %}{{ y }}{{ n }}",
+    "{% macro m() %}{{ n }}{% endmacro %}{{ m() }}|{% if false %}{% set n = 2 %}{% endif %}{{ m() }}",
+    "{% if t %}{% set n = 1 %}{% else %}{% set n = 3 %}{% endif %}{% for i in [1] %}{{ n }}{% endfor %}",
+    "{% set ns = namespace(a=n) %}{% macro m() %}{{ ns.a }}{% endmacro %}{% set n = 0 %}{{ m() }}{{ n }}",
+    # captured bodies (block set, filter block) are scopes of their own
+    "{% set x %}{% set y = 1 %}{{ y }}{% endset %}{{ x }}{{ y }}|{% set n = 5 %}{% set z %}{% set n = 1 %}{{ n }}{% endset %}{{ z }}{{ n }}",
+    "{% filter upper %}{% set y = 1 %}a{{ y }}{% endfilter %}{{ y }}{% set x %}{{ n }}{% set n = 1 %}{% endset %}{{ x }}",
+    "{% for i in [1, 2] %}{% set x %}{{ i }}{% set q = 3 %}{% endset %}{{ x }}{{ q }}{% endfor %}",
     # with blocks
     "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% set z = 3 %}{% endwith %}{{ a }}{{ z }}",
     "{% with %}{% set q = 1 %}{{ q }}{% endwith %}{{ q }}",

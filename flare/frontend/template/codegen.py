@@ -63,17 +63,94 @@ def _assigned_names(body: list, out: set) -> set:
                 out.update(item.name for item in node.target.items)
         elif isinstance(node, n.SetBlock):
             out.add(node.target.name)
-            _assigned_names(node.body, out)
         elif isinstance(node, n.Macro):
             out.add(node.name)
         elif isinstance(node, n.If):
             _assigned_names(node.body, out)
             _assigned_names(node.otherwise, out)
-        elif isinstance(node, n.FilterBlock):
-            _assigned_names(node.body, out)
         elif isinstance(node, n.For):
             _assigned_names(node.otherwise, out)
     return out
+
+
+def _expr_loads(node, load) -> None:
+    """Call ``load(name)`` for every name an expression reads."""
+    if isinstance(node, n.Name):
+        load(node.name)
+    elif isinstance(node, (list, tuple)):
+        for item in node:
+            _expr_loads(item, load)
+    elif isinstance(node, n.Node):
+        for slot in node.__slots__:
+            if slot != "pos":
+                _expr_loads(getattr(node, slot), load)
+
+
+def _store_first_names(body: list) -> set:
+    """Root names whose first reference in jinja2's symbol analysis of the root frame
+    is an assignment: jinja2 starts those undefined instead of resolving them from the
+    context, which a macro or loop reading them before the assignment can observe.
+
+    Mirrors jinja2's idtracking: statements in order, an assignment's value before its
+    target, bodies of loops/macros/captures not visited (their own frames), and names
+    first assigned inside an if branch resolved from the context.
+    """
+    refs: dict[str, str] = {}
+    stores: set[str] = set()
+
+    def load(name: str) -> None:
+        refs.setdefault(name, "resolve")
+
+    def store(name: str) -> None:
+        stores.add(name)
+        refs.setdefault(name, "undefined")
+
+    def visit(nodes: list) -> None:
+        nonlocal refs, stores
+        for node in nodes:
+            if isinstance(node, n.Output):
+                _expr_loads([x for x in node.nodes if not isinstance(x, str)], load)
+            elif isinstance(node, n.Set):
+                _expr_loads(node.value, load)
+                target = node.target
+                if isinstance(target, n.Getattr):
+                    load(target.obj.name)
+                else:
+                    for item in (target.items if isinstance(target, n.TupleLit) else [target]):
+                        store(item.name)
+            elif isinstance(node, n.SetBlock):
+                store(node.target.name)
+            elif isinstance(node, n.Macro):
+                store(node.name)
+            elif isinstance(node, n.For):
+                _expr_loads(node.iter, load)
+            elif isinstance(node, n.CallBlock):
+                _expr_loads(node.call, load)
+            elif isinstance(node, n.FilterBlock):
+                _expr_loads(node.filters, load)
+            elif isinstance(node, n.With):
+                _expr_loads(node.values, load)
+            elif isinstance(node, n.Mark):
+                _expr_loads(node.expr, load)
+            elif isinstance(node, n.If):
+                _expr_loads(node.test, load)
+                before_refs, before_stores = refs, stores
+                branch_refs, branch_stores = {}, set()
+                for branch in (node.body, node.otherwise):
+                    refs, stores = dict(before_refs), set(before_stores)
+                    visit(branch)
+                    branch_refs.update(refs)
+                    branch_stores |= stores
+                refs, stores = before_refs, before_stores
+                new = branch_stores - stores
+                for name, kind in branch_refs.items():
+                    refs.setdefault(name, kind)
+                stores |= branch_stores
+                for name in new:
+                    refs[name] = "resolve"
+
+    visit(body)
+    return {name for name, kind in refs.items() if kind == "undefined"}
 
 
 def _uses_name(node, name: str) -> bool:
@@ -116,6 +193,7 @@ class CodeGen:
         # jinja2 defers "no such filter/test" to run time inside if statements and
         # conditional expressions (a "soft" frame); elsewhere it is a load error.
         self.soft = False
+        self.store_first: set[str] = set()
         self.mark_kind: str | None = None
         self.cur_pos = 0
 
@@ -164,24 +242,27 @@ class CodeGen:
             if slot is not None:
                 return slot
             s = s.parent
-        # A free name: context variable or global, looked up at render start.
+        # A free name: context variable or global, looked up at render start (unless
+        # the root assigns it before any root-level read: then it starts undefined).
         slot = len(self.slot_names)
         self.slot_names.append(name)
         self.root.names[name] = slot
-        self.root_slots[name] = slot
+        if name not in self.store_first:
+            self.root_slots[name] = slot
         return slot
 
     def store_slot(self, name: str) -> int:
         slot = self.scope.names.get(name)
         if slot is None:
             slot = self.new_slot(self.scope, name)
-            if self.scope is self.root:
+            if self.scope is self.root and name not in self.store_first:
                 self.root_slots[name] = slot
         return slot
 
     # ------------------------------------------------------------ statements
 
     def template(self, tpl: n.Template) -> Code:
+        self.store_first = _store_first_names(tpl.body)
         self.body(tpl.body)
         self.emit(Op.HALT)
         flat = tuple(x for pair in self.code for x in pair)
@@ -374,9 +455,20 @@ class CodeGen:
         self._store_target(node.target)
 
     def _captured(self, body: list) -> None:
+        """Render ``body`` into a string on the stack. Like jinja2, a captured body is
+        a scope of its own: names it assigns start from the enclosing value and do
+        not leak out."""
         self.capture_depth += 1
+        outer = self.scope
+        scope = _Scope(outer, "loop")
+        copies = [(self.new_slot(scope, name), self.resolve(name, outer))
+                  for name in sorted(_assigned_names(body, set()))]
         self.emit(Op.CAPTURE)
+        if copies:
+            self.emit(Op.COPY_SLOTS, self.const(tuple(x for pair in copies for x in pair)))
+        self.scope = scope
         self.body(body)
+        self.scope = outer
         self.emit(Op.CAPTURE_END)
         self.capture_depth -= 1
 
