@@ -12,9 +12,12 @@ Figures, for each server:
 - SSE events/s: concurrent streaming chat completions (ignore_eos, fixed
   max_tokens), counting ``data:`` events received by the client.
 
-The load generator is one uvloop process with raw protocols (no HTTP client
-library), so it costs far less per request than either server. The last line
-printed is one JSON object.
+The load generators are uvloop processes with raw protocols (no HTTP client
+library). The server is pinned to one CPU and the load generators to the
+others, and each figure is also given per CPU-second of the server process
+(``*_per_cpu_s``, from /proc), which stays meaningful when the machine is
+shared and the wall-clock rate is limited by the client or by neighbours. The
+last line printed is one JSON object.
 
     python tools/bench_http.py [--seconds 3] [--connections 64] [--streams 32]
 """
@@ -230,8 +233,25 @@ def _bench_server(host: str, port: int, pid: int, args, pool) -> dict[str, float
     return results
 
 
+def _server_cpus() -> set[int]:
+    """The server gets the first CPU; load generators the rest (one core each side at least)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {cpus[0]} if len(cpus) > 1 else set(cpus)
+
+
+def _client_cpus() -> set[int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return set(cpus[1:]) if len(cpus) > 1 else set(cpus)
+
+
+def _pin_clients() -> None:
+    os.sched_setaffinity(0, _client_cpus())
+
+
 def _start(argv: list[str]) -> tuple[subprocess.Popen, str, int]:
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cpus = _server_cpus()
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     seen = b""
     while True:
         line = proc.stderr.readline()
@@ -282,9 +302,10 @@ def main() -> None:
                   "--log-level", "warning"],
         "uvicorn": [sys.executable, str(Path(__file__).resolve()), "--uvicorn-app", str(_free_port())],
     }
-    env_note = f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs visible, {args.clients} client processes"
+    env_note = (f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; server pinned to CPU "
+                f"{sorted(_server_cpus())}, {args.clients} client process(es) on {sorted(_client_cpus())}")
     figures: dict[str, dict[str, float]] = {}
-    with concurrent.futures.ProcessPoolExecutor(args.clients) as pool:
+    with concurrent.futures.ProcessPoolExecutor(args.clients, initializer=_pin_clients) as pool:
         for name, argv in servers.items():
             proc, host, port = _start(argv)
             try:

@@ -115,6 +115,10 @@ class LoopHistogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def observe_zero(self, count: int) -> None:
+        """``count`` observations of 0 (events delivered together)."""
+        self.counts[0] += count
+
     def family(self) -> HistogramMetricFamily:
         cumulative = []
         total = 0

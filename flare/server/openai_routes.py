@@ -135,11 +135,15 @@ class _Timing:
         self.start = request.received_at
         self.last = 0.0
 
-    def on_tokens(self, now: float) -> None:
+    def on_tokens(self, now: float, num_events: int = 1) -> None:
+        """``num_events`` token events delivered together at ``now``."""
         if self.last:
             self.metrics.inter_token.observe(now - self.last)
         else:
             self.metrics.ttft.observe(now - self.start)
+        if num_events > 1:
+            # Delivered in one write: the client sees no gap between them.
+            self.metrics.inter_token.observe_zero(num_events - 1)
         self.last = now
 
     def on_end(self, now: float) -> None:
@@ -188,27 +192,32 @@ async def _stream(state: ServerState, request: HttpRequest, conn: HttpConnection
     state.metrics.count_response(200)
     conn.write(fmt.opening())
 
+    token_chunk = fmt.token_chunk
+    write = conn.write
+
     def deliver(batch: list) -> None:
         """Format a batch and write it with one transport write (dispatcher callback)."""
-        now = time.monotonic()
         out: list[bytes] = []
+        num_tokens = 0
         for event in batch:
-            if isinstance(event, TokenEvent):
+            if type(event) is TokenEvent:
                 if event.token_ids:
-                    timing.on_tokens(now)
+                    num_tokens += 1
                 if event.text or event.logprobs:
-                    out.append(fmt.token_chunk(event, params))
+                    out.append(token_chunk(event, params))
             elif isinstance(event, FinishEvent):
-                timing.on_end(now)
+                timing.on_end(time.monotonic())
                 out.append(fmt.finish_chunk(event))
                 if gen.include_usage:
                     out.append(fmt.usage_chunk(event.usage))
                 out.append(DONE)
             elif isinstance(event, ErrorEvent):
-                timing.on_end(now)
+                timing.on_end(time.monotonic())
                 error = state.error_for(_as_error(event.error))
                 out.append(b"event: error\ndata: " + error.body + b"\n\n")
-        conn.write(b"".join(out))
+        if num_tokens:
+            timing.on_tokens(time.monotonic(), num_tokens)
+        write(b"".join(out))
         if conn.is_write_paused:
             stream.stop_consuming()  # let the client catch up; events wait in the stream
 

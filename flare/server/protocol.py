@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 import httptools
 
-from .response import CONTINUE, EVENT_STREAM, LAST_CHUNK, Response, chunk, stream_head
+from .response import CONTINUE, EVENT_STREAM, LAST_CHUNK, Response, stream_head
 
 log = logging.getLogger("flare.server")
 
@@ -365,8 +365,10 @@ class HttpConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         """Write part of a streamed body (buffered by the transport)."""
-        if data and self.is_open:
-            self.transport.write(chunk(data) if self._chunked else data)
+        if data and not self.is_lost:
+            transport = self.transport
+            if not transport.is_closing():
+                transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
 
     @property
     def is_write_paused(self) -> bool:

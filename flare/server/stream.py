@@ -16,6 +16,7 @@ calls directly with each batch: no task switch per wakeup.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import Callable
 
@@ -45,6 +46,11 @@ class EventDispatcher:
                 pass  # the loop is closed: nobody is left to read
 
     def _run(self) -> None:
+        # NOTE: yield the GIL once before draining. The model thread must not stall
+        # behind the event loop (DESIGN.md); if it is waiting to publish the next
+        # step, it does so now and this drain carries both steps in one write per
+        # connection. Streams already queued stay queued, so nothing is lost.
+        time.sleep(0)
         self._wakeup_pending = False
         ready = self._ready
         while ready:
