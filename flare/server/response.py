@@ -100,10 +100,5 @@ def stream_head(status: int, content_type: bytes, headers: Iterable[tuple[bytes,
     return b"".join(parts)
 
 
-def chunk(data: bytes) -> bytes:
-    """One chunk of a chunked transfer encoding (never empty: that ends the body)."""
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-LAST_CHUNK = b"0\r\n\r\n"
+LAST_CHUNK = b"0\r\n\r\n"  # ends a chunked body; chunks are written by HttpConnection.write
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
