@@ -154,7 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference-python", default=DEFAULT_REFERENCE_PYTHON)
     parser.add_argument("--repeats", type=int, default=20, help="timed runs per workload and side")
-    parser.add_argument("--rounds", type=int, default=5, help="turns each side takes")
+    parser.add_argument("--rounds", type=int, default=10, help="turns each side takes")
     parser.add_argument("--reference-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
 

@@ -9,6 +9,14 @@ the torchvision backend and the Qwen3-VL model's position helpers):
 
 ``process`` packs a batch contiguously; ``expand_prompt`` turns each
 ``<|image_pad|>`` of rendered chat text into one token per merged block.
+
+``process`` runs the two arrows as one pass per image
+(flare._fast.image_patches.resize_pack): each band of 32 resized rows (one
+row of 2x2 merge blocks) is resized into a cache-sized buffer and packed
+straight into its contiguous run of pixel_values, so the resized image is
+never built; ``resize`` builds it for inspection and tests. pixel_values come
+from an OutputArena that reuses the previous batch's block once it has been
+dropped.
 """
 
 from __future__ import annotations
