@@ -462,13 +462,10 @@ cdef frozenset _GLOBAL_FUNCS = frozenset(list(GLOBALS.values()) + [_dict_fromkey
 cdef inline object _str(object v):
     """jinja2's soft_str: strings (Markup included) as they are, anything else str();
     undefined is ''."""
-    cdef list pieces
     if isinstance(v, str):
         return v
     if type(v) is list or type(v) is dict or type(v) is tuple:
-        pieces = []
-        _repr_into(v, pieces, 0)
-        return "".join(pieces)
+        return _container_repr(v)
     return str(v)
 
 
@@ -480,42 +477,6 @@ cdef inline object _plain(object v):
     if isinstance(v, str):
         return str.__str__(v)
     return _str(v)
-
-
-cdef int _repr_into(object v, list out, int depth) except -1:
-    """Append repr(v) to ``out`` as pieces; equal to Python's repr for the acyclic
-    list/dict/tuple trees templates see (no per-container writer or Py_ReprEnter).
-    Deep nesting defers to Python's own repr."""
-    cdef object t = type(v)
-    cdef bint first = True
-    cdef Py_ssize_t pos = 0
-    cdef PyObject* pkey
-    cdef PyObject* pitem
-    if t is str:
-        out.append(repr(v))
-    elif depth > 64 or (t is not list and t is not dict and t is not tuple):
-        out.append(repr(v))
-    elif t is dict:
-        out.append("{")
-        while PyDict_Next(v, &pos, &pkey, &pitem):
-            if not first:
-                out.append(", ")
-            first = False
-            _repr_into(<object>pkey, out, depth + 1)
-            out.append(": ")
-            _repr_into(<object>pitem, out, depth + 1)
-        out.append("}")
-    else:
-        out.append("[" if t is list else "(")
-        for item in v:
-            if not first:
-                out.append(", ")
-            first = False
-            _repr_into(item, out, depth + 1)
-        if t is tuple and len(v) == 1:
-            out.append(",")
-        out.append("]" if t is list else ")")
-    return 0
 
 
 cdef Py_ssize_t _utf8_len(object s):

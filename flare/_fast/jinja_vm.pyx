@@ -14,8 +14,8 @@ only whitelisted callables can be called, and each render has an instruction bud
 
 The module is one compiled unit split by concern: this file (opcodes, Program, the
 dispatch loop), jinja_runtime.pxi (value types, globals), jinja_access.pxi (sandboxed
-access, calls, operators), jinja_filters.pxi (filters, tests) and jinja_json.pxi
-(the tojson encoder).
+access, calls, operators), jinja_filters.pxi (filters, tests) and jinja_text.pxi
+(the tojson encoder and container repr).
 """
 
 from cpython.dict cimport PyDict_GetItem, PyDict_Items, PyDict_Next
@@ -48,6 +48,7 @@ cdef extern from "Python.h":
     void* PyUnicode_DATA(object)
     Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t index)
     object PyUnicode_FromKindAndData(int kind, const void* buffer, Py_ssize_t size)
+    bint Py_UNICODE_ISPRINTABLE(Py_UCS4 ch)
 
 
 # Opcode numbers: must equal flare.frontend.template.opcodes.Op (a test checks).
@@ -216,7 +217,7 @@ _formatter = _string.Formatter()
 include "jinja_runtime.pxi"
 include "jinja_access.pxi"
 include "jinja_filters.pxi"
-include "jinja_json.pxi"
+include "jinja_text.pxi"
 
 
 # ============================================================== the program

@@ -231,7 +231,8 @@ def test_substring_search_long_runs():
 
 # Printing containers uses our own repr; it must equal Python's (what jinja2 prints).
 _JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    | st.sampled_from(["it's", 'say "hi"', "both ' \"", "\\ \t\x7f\x85\u2028\U0001f600", "\ud800"]),
     lambda children: st.lists(children, max_size=4) | st.tuples(children, children)
     | st.dictionaries(st.text(max_size=4) | st.integers(), children, max_size=4),
     max_leaves=20)

@@ -1,5 +1,6 @@
 # Part of the jinja_vm module (included by jinja_vm.pyx; not compiled on its own).
-# The tojson filter's encoder (byte-identical to json.dumps as Transformers calls it).
+# Text writers into one UCS4 buffer: the tojson encoder (byte-identical to json.dumps as
+# Transformers calls it) and container repr (byte-identical to Python's repr).
 
 # ---------------------------------------------------------------- tojson
 #
@@ -14,16 +15,11 @@ cdef int _JSON_MAX_DEPTH = 900
 cdef const char* _HEX = b"0123456789abcdef"
 
 
-cdef class _JsonEncoder:
-    """Writes JSON into a growable UCS4 buffer, turned into one str at the end."""
+cdef class _TextWriter:
+    """A growable UCS4 buffer, turned into one str at the end (no list of pieces)."""
     cdef Py_UCS4* buf
     cdef Py_ssize_t n
     cdef Py_ssize_t cap
-    cdef bint ensure_ascii
-    cdef object indent      # None or the indent unit string
-    cdef str item_sep
-    cdef str key_sep
-    cdef bint sort_keys
 
     def __dealloc__(self):
         free(self.buf)
@@ -60,6 +56,24 @@ cdef class _JsonEncoder:
             self.buf[self.n + i] = PyUnicode_READ(kind, data, i)
         self.n += m
         return 0
+
+    cdef int hex(self, unsigned int c, int digits) except -1:
+        cdef int shift
+        for shift in range(4 * (digits - 1), -4, -4):
+            self.put(<unsigned char>_HEX[(c >> shift) & 15])
+        return 0
+
+    cdef object result(self):
+        return PyUnicode_FromKindAndData(4, self.buf, self.n)
+
+
+cdef class _JsonEncoder(_TextWriter):
+    """Writes JSON the way json.dumps does."""
+    cdef bint ensure_ascii
+    cdef object indent      # None or the indent unit string
+    cdef str item_sep
+    cdef str key_sep
+    cdef bint sort_keys
 
     cdef int escaped(self, unsigned int c) except -1:
         self.put(92)  # backslash
@@ -269,8 +283,105 @@ cdef object _tojson(object v, tuple args, dict kwargs):
     else:
         enc.item_sep, enc.key_sep = ", ", ": "
     enc.sort_keys = bool(a[3])
-    enc.buf = NULL
-    enc.n = 0
-    enc.cap = 0
     enc.value(v, 0)
-    return PyUnicode_FromKindAndData(4, enc.buf, enc.n)
+    return enc.result()
+
+
+# ---------------------------------------------------------------- repr
+#
+# Printing a list/dict/tuple ({{ message.content }} with content parts) is Python's
+# repr. This writer produces the same text for the acyclic JSON-like trees templates
+# see, in one buffer, with CPython's str repr rules (quote choice, escapes,
+# printable characters kept).
+
+cdef class _ReprWriter(_TextWriter):
+
+    cdef int string(self, object s) except -1:
+        cdef Py_ssize_t i, m = PyUnicode_GET_LENGTH(s)
+        cdef int kind = PyUnicode_KIND(s)
+        cdef void* data = PyUnicode_DATA(s)
+        cdef unsigned int c, quote = 0x27
+        cdef bint squote = False, dquote = False
+        for i in range(m):
+            c = PyUnicode_READ(kind, data, i)
+            if c == 0x27:
+                squote = True
+            elif c == 0x22:
+                dquote = True
+        if squote and not dquote:
+            quote = 0x22
+        self.reserve(m + 2)
+        self.buf[self.n] = quote
+        self.n += 1
+        for i in range(m):
+            c = PyUnicode_READ(kind, data, i)
+            if c == quote or c == 0x5c:
+                self.put(0x5c)
+                self.put(c)
+            elif c == 0x09:
+                self.put(0x5c)
+                self.put(116)
+            elif c == 0x0a:
+                self.put(0x5c)
+                self.put(110)
+            elif c == 0x0d:
+                self.put(0x5c)
+                self.put(114)
+            elif c < 0x20 or c == 0x7f:
+                self.put(0x5c)
+                self.put(120)
+                self.hex(c, 2)
+            elif c < 0x7f or Py_UNICODE_ISPRINTABLE(c):
+                self.put(c)
+            elif c <= 0xff:
+                self.put(0x5c)
+                self.put(120)
+                self.hex(c, 2)
+            elif c <= 0xffff:
+                self.put(0x5c)
+                self.put(117)
+                self.hex(c, 4)
+            else:
+                self.put(0x5c)
+                self.put(85)
+                self.hex(c, 8)
+        self.put(quote)
+        return 0
+
+    cdef int value(self, object v, int depth) except -1:
+        cdef object t = type(v)
+        cdef bint first = True
+        cdef Py_ssize_t pos = 0
+        cdef PyObject* pkey
+        cdef PyObject* pitem
+        if t is str:
+            self.string(v)
+        elif depth > 64 or (t is not list and t is not dict and t is not tuple):
+            self.text(repr(v))
+        elif t is dict:
+            self.put(123)
+            while PyDict_Next(v, &pos, &pkey, &pitem):
+                if not first:
+                    self.text(", ")
+                first = False
+                self.value(<object>pkey, depth + 1)
+                self.text(": ")
+                self.value(<object>pitem, depth + 1)
+            self.put(125)
+        else:
+            self.put(91 if t is list else 40)
+            for item in v:
+                if not first:
+                    self.text(", ")
+                first = False
+                self.value(item, depth + 1)
+            if t is tuple and len(v) == 1:
+                self.put(44)
+            self.put(93 if t is list else 41)
+        return 0
+
+
+cdef object _container_repr(object v):
+    cdef _ReprWriter w = _ReprWriter.__new__(_ReprWriter)
+    w.value(v, 0)
+    return w.result()
