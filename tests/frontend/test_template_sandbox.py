@@ -82,7 +82,7 @@ def test_fails_fast_at_render(name):
     "{{ x" + ".a" * 20000 + " }}",
 ])
 def test_deep_nesting_in_source_fails_at_load(source):
-    with pytest.raises(FrontendError):
+    with pytest.raises(FrontendError, match=r"nested too deeply at line 1, column \d+"):
         compile_template(source)
 
 

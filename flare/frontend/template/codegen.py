@@ -710,4 +710,8 @@ class CodeGen:
 
 def generate(tpl: n.Template, source: Source) -> Code:
     """Compile a parsed template to :class:`Code`."""
-    return CodeGen(source).template(tpl)
+    gen = CodeGen(source)
+    try:
+        return gen.template(tpl)
+    except RecursionError:
+        raise source.error("expressions or blocks nested too deeply", gen.cur_pos) from None

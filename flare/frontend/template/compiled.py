@@ -55,10 +55,7 @@ def compile_template(source: str, *, fuel: int = DEFAULT_FUEL,
     if not isinstance(source, str):
         raise FrontendError("template source must be a str")
     src = Source(source)
-    try:
-        code = generate(parse(src), src)
-    except RecursionError:
-        raise FrontendError("template error: expressions or blocks nested too deeply") from None
+    code = generate(parse(src), src)
     program = Program(code.code, code.consts, code.slot_names, code.root_slots,
                       code.mark_kind, fuel, max_depth)
     return CompiledTemplate(source, code, program)

@@ -650,4 +650,9 @@ class Parser:
 
 def parse(source: Source) -> n.Template:
     """Parse normalised template source into a :class:`nodes.Template`."""
-    return Parser(source).parse_template()
+    parser = Parser(source)
+    try:
+        return parser.parse_template()
+    except RecursionError:
+        raise source.error("expressions or blocks nested too deeply",
+                           parser.cur.pos) from None
