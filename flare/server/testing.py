@@ -63,7 +63,7 @@ class FakeEngineConfig:
     reply_prefix: str = "You said: "
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: list.remove must never compare prompts
 class _Live:
     prompt: PreparedPrompt
     params: SamplingParams

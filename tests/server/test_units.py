@@ -293,3 +293,20 @@ def test_fake_engine_cancel_counts_and_frees_the_slot():
         assert not any(isinstance(e, FinishEvent) for e in events)
     finally:
         engine.close()
+
+
+def test_fake_engine_cancels_any_of_identical_requests():
+    engine = FakeEngine(FakeEngineConfig(tokens_per_s=100, max_active=4))
+    try:
+        prompt = engine.prepare_text("same prompt")
+        tickets = [engine.submit(prompt, SamplingParams(max_tokens=1000, ignore_eos=True), lambda e: None)
+                   for _ in range(3)]
+        while engine.stats()["slots_live"] < 3:
+            pass
+        tickets[2].cancel()  # not first in the active list: removal must not compare prompts
+        tickets[1].cancel()
+        events, _ = _collect(engine, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        assert isinstance(events[-1], FinishEvent) and engine.stats()["requests_cancelled"] == 2
+        tickets[0].cancel()
+    finally:
+        engine.close()
