@@ -192,6 +192,14 @@ cdef Py_ssize_t MAX_OUTPUT = 256 * 1024 * 1024  # characters of output per rende
 
 cdef object MISSING = object()   # an unset slot
 
+
+try:
+    # Run by the interpreter (not Cython): newer CPythons also report how many values
+    # there were in this message, and jinja2's errors are the interpreter's.
+    exec("_a, _b = (1, 2, 3)", {})
+except ValueError as _exc:
+    _UNPACK_SAYS_GOT = "got" in str(_exc)
+
 cdef frozenset _STR_METHODS = frozenset((
     "capitalize", "casefold", "center", "count", "endswith", "expandtabs", "find",
     "format", "index", "isalnum", "isalpha", "isascii", "isdecimal", "isdigit",
@@ -612,6 +620,8 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
                 v = tuple(v)
             k = len(v)
             if k > arg:
+                if _UNPACK_SAYS_GOT:
+                    raise ValueError(f"too many values to unpack (expected {arg}, got {k})")
                 raise ValueError(f"too many values to unpack (expected {arg})")
             if k < arg:
                 raise ValueError(f"not enough values to unpack (expected {arg}, got {k})")
