@@ -13,7 +13,7 @@ unsupported JPEG codings are rejected before a decoder allocates anything.
   scanlines rebuilt by flare._fast.image_png, which yields Pillow's pixels
   (tests compare the two for every filter, colour type and depth). Pillow
   inflates row by row and keeps RGB as 4-byte pixels, which costs it about
-  twice the time on small images. Image data that ends before the last row
+  1.5x the time on small images (1.8 vs 1.15 ms for a 320x240 photo). Image data that ends before the last row
   is image_truncated (Pillow would zero-fill the missing rows).
 - Other PNGs (palette, 1/2/4-bit grey, Adam7) and WebP: Pillow.
 - Alpha is dropped, palettes expanded, 16-bit samples keep their high byte
@@ -32,9 +32,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from .errors import ImageError
 from flare._fast.image_png import reconstruct as reconstruct_png
 
+from .errors import ImageError
 from .exif import apply_orientation, read_orientation
 from .headers import ImageHeader, probe_header
 from .limits import ImageLimits
@@ -107,19 +107,18 @@ def _decode_jpeg(data: bytes, header: ImageHeader, keep_cmyk: bool):
         raise _decoder_error("JPEG", exc) from exc
 
 
-# PNG colour models rebuilt natively, with their IHDR colour types.
-_NATIVE_PNG_COLOR_TYPES = {"gray": 0, "rgb": 2, "gray_alpha": 4, "rgba": 6}
+# PNG colour models rebuilt natively: (IHDR colour type, samples per pixel).
+_NATIVE_PNG = {"gray": (0, 1), "rgb": (2, 3), "gray_alpha": (4, 2), "rgba": (6, 4)}
 
 
 def _is_native_png(header: ImageHeader, keep_alpha: bool) -> bool:
     # A tRNS chunk only matters when alpha is kept; Pillow then builds it.
-    return (header.color in _NATIVE_PNG_COLOR_TYPES and header.bit_depth in (8, 16)
+    return (header.color in _NATIVE_PNG and header.bit_depth in (8, 16)
             and not header.interlaced and not (keep_alpha and header.transparency))
 
 
 def _decode_png(data: bytes, header: ImageHeader, keep_alpha: bool):
-    color_type = _NATIVE_PNG_COLOR_TYPES[header.color]
-    samples = {0: 1, 2: 3, 4: 2, 6: 4}[color_type]
+    color_type, samples = _NATIVE_PNG[header.color]
     needed = header.height * (1 + header.width * samples * header.bit_depth // 8)
     view = memoryview(data)
     compressed = (view[header.payload[0][0]:header.payload[0][1]] if len(header.payload) == 1
