@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol, Sequence
 
+from ..errors import Error
 from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
 
 
@@ -33,6 +34,8 @@ class RequestTicket(Protocol):
 class Engine(Protocol):
     card: ModelCard
     context_len: int  # prompt + output tokens must fit
+    max_active: int  # concurrent model requests (sizes the HTTP queue: 4 x max_active by default)
+    failure: Error | None  # set when the runtime failed and cannot go on (the server then exits 1)
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
                      options: Mapping[str, Any]) -> PreparedPrompt:
