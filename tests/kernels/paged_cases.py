@@ -72,17 +72,18 @@ def build_case(*, kv_lens: list[int], q_len: int, num_heads: int, num_kv_heads: 
         table[row] = 0
         positions[row] = torch.randint(-1000, 1 << 20, (q_len,), generator=gen)
         real[row] = False
-    shape = (num_pages, PAGE_TOKENS, num_kv_heads, head_dim)
-    k_pool = torch.randn(shape, generator=gen).to(dtype)
-    v_pool = torch.randn(shape, generator=gen).to(dtype)
-    q = torch.randn(b, q_len, num_heads, head_dim, generator=gen).to(dtype)
-    write_index = torch.zeros(b, q_len, dtype=torch.int64)  # unused by attention
-    batch = AttentionBatch(positions=positions, write_index=write_index, page_table=table, kv_lens=lens)
     dev = torch.device(device)
-    batch = AttentionBatch(*(t.to(dev) for t in (batch.positions, batch.write_index, batch.page_table, batch.kv_lens)))
+    # Pools are drawn on the target device (gigabytes at real sizes).
+    data_gen = torch.Generator(device=dev).manual_seed(seed)
+    shape = (num_pages, PAGE_TOKENS, num_kv_heads, head_dim)
+    k_pool = torch.randn(shape, generator=data_gen, device=dev).to(dtype)
+    v_pool = torch.randn(shape, generator=data_gen, device=dev).to(dtype)
+    q = torch.randn(b, q_len, num_heads, head_dim, generator=data_gen, device=dev).to(dtype)
+    write_index = torch.zeros(b, q_len, dtype=torch.int64)  # unused by attention
+    batch = AttentionBatch(*(t.to(dev) for t in (positions, write_index, table, lens)))
     label = (f"B={b} Q={q_len} H={num_heads} Hkv={num_kv_heads} D={head_dim} Pmax={max_pages} {dtype} "
              f"kv_lens={kv_lens} num_new={num_new} shared_pages={shared_pages} padding_rows={padding_rows}")
-    return PagedCase(q=q.to(dev), k_pool=k_pool.to(dev), v_pool=v_pool.to(dev), batch=batch,
+    return PagedCase(q=q, k_pool=k_pool, v_pool=v_pool, batch=batch,
                      scale=head_dim ** -0.5, real_rows=real.to(dev), label=label)
 
 

@@ -17,7 +17,10 @@ tests/kernels checks them.
 """
 
 from ._common import KernelInputError
-from .attention import MAX_SPLITS, choose_num_splits, paged_attention, paged_decode_attention, paged_prefill_attention
+from .attention import (
+    DECODE_LAUNCH, MAX_SPLITS, PREFILL_LAUNCH, AttentionLaunch, choose_num_splits, paged_attention,
+    paged_decode_attention, paged_prefill_attention,
+)
 from .elementwise import add_rms_norm, apply_rope, rms_norm, silu_mul
 from .gemv import MAX_ROWS, GemvConfig, default_config, linear, linear_small_m, prefers_small_m
 
@@ -25,6 +28,6 @@ __all__ = [
     "KernelInputError",
     "MAX_ROWS", "MAX_SPLITS",
     "GemvConfig", "default_config", "linear", "linear_small_m", "prefers_small_m",
-    "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
+    "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
     "add_rms_norm", "apply_rope", "rms_norm", "silu_mul",
 ]

@@ -9,12 +9,12 @@ One kernel serves both shapes. A program owns one (row, kv head) pair and a
 block of ``BLOCK_M`` query rows, where a query row is a (query token, head of
 the GQA group) pair: row ``r`` is token ``r // G`` and head ``kv_head * G + r % G``,
 so each K/V page is read once per group rather than once per query head. It walks
-the row's pages one at a time (BLOCK_N = one 64-token page) with an online
-softmax in fp32 (FlashAttention-2's rescaled accumulator).
+the row's pages ``pages_per_step`` at a time (BLOCK_N = 64 or 128 keys) with an
+online softmax in fp32 (FlashAttention-2's rescaled accumulator).
 
-When (row, kv head, query block) programs alone cannot fill the GPU (decode at
-small batch, a short prefill chunk over a long prefix) the context is split into
-``num_splits`` parts (flash-decoding): the split count is chosen on the host
+When (row, kv head, query block) programs alone cannot fill the GPU (decode below
+a few hundred rows x kv heads, a short prefill chunk over a long prefix) the
+context is split into ``num_splits`` parts (flash-decoding): the count is chosen on the host
 from static shapes only, while each split's page range is computed on the device
 from the row's actual length, so short rows do not leave most splits idle and
 the launch stays graph-capturable. Each split writes a normalised partial output
@@ -23,9 +23,16 @@ and its log-sum-exp; a second kernel merges them.
 Padding rows (kv_lens 0, garbage positions) read no pages past the clamped
 length and produce zeros; page ids are clamped into the pool, so no index can
 leave it.
+
+H200, bf16 Llama-3-8B heads, 8k-context page tables (tools/bench_kernels.py): decode
+at B=64 over 8k keys streams K/V at 4.46 TB/s (F.scaled_dot_product_attention on
+contiguous K/V: 4.55), B=1 over 8k keys takes 21 us (SDPA 17); a 512-token chunk
+over a 4k prefix 135 us (SDPA 142), a fresh 2048-token prefill 146 us (SDPA 91).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -39,10 +46,20 @@ from ._common import (
 )
 
 MAX_SPLITS = 16
+# Decode splits until (row, kv head, split) programs number about this many times
+# the SM count. H200 sweep, bf16 Llama-3-8B heads, us per call for waves 1/2/4/8:
+# B=1 ctx 8192 21.7/19.6/19.9/19.6, B=64 ctx 8192 609/611/516/499 (3 splits).
+# More than 16 splits cost 3 us at B=1 on short contexts (empty splits still merge).
+# Short contexts at mid batch prefer fewer splits (B=32 over 1k keys: 40.7 us at 2
+# waves, 46.6 at 8), but the count is static and long contexts gain far more.
+DECODE_WAVES = 8
+# Prefill partials are [S, B, Q, H, D] fp32, tens of MB at Q=512: split only a grid
+# smaller than one wave (a short chunk over a long prefix), to about two waves.
+PREFILL_WAVES = 2
 MERGE_ROWS = 16  # (b, token, head) rows per merge program
 LOG2_E = 1.4426950408889634  # 1 / ln 2: scores are kept in log2 units for exp2
 # Stand-in for -inf that keeps exp2 differences finite (no inf - inf = NaN).
-NEG_BIG = -1.0e30
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -56,7 +73,8 @@ def _paged_attention_kernel(
     s_vp, s_vt, s_vh,
     s_pb, s_pq, s_tb,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     block = tl.program_id(0)
     pair = tl.program_id(1)
@@ -81,32 +99,39 @@ def _paged_attention_kernel(
     position = tl.load(positions_ptr + b * s_pb + token * s_pq, mask=row_ok, other=-1)
     limit = tl.minimum(position + 1, kv_len)
     limit = tl.where(row_ok, tl.maximum(limit, 0), 0)  # [BLOCK_M]
-    num_pages = tl.cdiv(tl.max(limit, axis=0), PAGE)
-    pages_per_split = tl.cdiv(num_pages, NUM_SPLITS)
-    first = split * pages_per_split
-    last = tl.minimum(first + pages_per_split, num_pages)
+    # Keys are visited BLOCK_N = PAGE * PAGES_PER_STEP at a time.
+    num_steps = tl.cdiv(tl.max(limit, axis=0), BLOCK_N)
+    steps_per_split = tl.cdiv(num_steps, NUM_SPLITS)
+    first = split * steps_per_split
+    last = tl.minimum(first + steps_per_split, num_steps)
 
     m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    offs_t = tl.arange(0, PAGE)
+    offs_n = tl.arange(0, BLOCK_N)
+    in_page = offs_n % PAGE
     k_base = k_ptr + kv_head * s_kh
     v_base = v_ptr + kv_head * s_vh
     table = page_table_ptr + b * s_tb
-    for p in range(first, last):
-        page = tl.load(table + p).to(tl.int64)
+    for step in range(first, last):
+        if PAGES_PER_STEP == 1:
+            page = tl.load(table + step).to(tl.int64)
+        else:
+            # Per key: its page's id (the last step may run past Pmax: scratch page, masked).
+            page_idx = step * PAGES_PER_STEP + offs_n // PAGE
+            page = tl.load(table + page_idx, mask=page_idx < max_pages, other=0).to(tl.int64)
         page = tl.minimum(tl.maximum(page, 0), num_pool_pages - 1)
-        k = tl.load(k_base + page * s_kp + offs_t[None, :] * s_kt + dims[:, None],
-                    mask=dim_ok[:, None], other=0.0)  # [BLOCK_D, PAGE]
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, PAGE], log2 units
-        visible = (p * PAGE + offs_t)[None, :] < limit[:, None]
+        k = tl.load(k_base + (page * s_kp + in_page * s_kt)[None, :] + dims[:, None],
+                    mask=dim_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        visible = (step * BLOCK_N + offs_n)[None, :] < limit[:, None]
         s = tl.where(visible, s, NEG_BIG)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         prob = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(prob, axis=1)
-        v = tl.load(v_base + page * s_vp + offs_t[:, None] * s_vt + dims[None, :],
-                    mask=dim_ok[None, :], other=0.0)  # [PAGE, BLOCK_D]
+        v = tl.load(v_base + (page * s_vp + in_page * s_vt)[:, None] + dims[None, :],
+                    mask=dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -159,17 +184,40 @@ def _merge_splits_kernel(
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, num_query_blocks: int, max_pages: int,
-                      device: torch.device) -> int:
+                      device: torch.device, *, waves: int = DECODE_WAVES) -> int:
     """Context splits for a launch, from static shapes only (graph-capturable).
 
-    Split until (row, kv head, query block, split) programs make about two waves of
-    the GPU's multiprocessors, at most MAX_SPLITS and never more than Pmax.
+    A grid of at least half of ``waves`` x SMs programs is left whole; a smaller one
+    is split until it reaches that target, at most MAX_SPLITS and never more than Pmax.
     """
     programs = batch_size * num_kv_heads * num_query_blocks
-    target = 2 * sm_count(device)
-    if programs >= target // 2:
+    target = waves * sm_count(device)
+    if 2 * programs > target:
         return 1
     return max(1, min(MAX_SPLITS, max_pages, -(-target // programs)))
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    """Launch shape of the attention kernel (the benchmark sweeps it).
+
+    block_m: query rows (token, group head) per program; 0 picks the default
+    (the group padded to 16 for decode, 64 for prefill).
+    """
+
+    block_m: int = 0
+    pages_per_step: int = 1  # keys per online-softmax step, in 64-token pages
+    num_warps: int = 4
+    num_stages: int = 3
+    waves: int = DECODE_WAVES
+
+
+# H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
+# B=1 over 8k keys but lost 1 us at 1k keys, so one. For prefill 64 rows x 4 warps
+# x 3 stages beat 128-row blocks, 8 warps and two pages per step everywhere but a
+# 64-token chunk (Q=2048 fresh: 144 us vs 170; Q=512 over 4k: 117 us vs 159).
+DECODE_LAUNCH = AttentionLaunch(num_warps=4, num_stages=3, waves=DECODE_WAVES)
+PREFILL_LAUNCH = AttentionLaunch(block_m=64, num_warps=4, num_stages=3, waves=PREFILL_WAVES)
 
 
 def _check(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -204,16 +252,19 @@ def _check(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
 
 def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
-            scale: float, *, block_m: int, num_warps: int, num_stages: int,
-            num_splits: int | None) -> torch.Tensor:
+            scale: float, *, launch: AttentionLaunch, num_splits: int | None) -> torch.Tensor:
     _check(kernel, q, k_pool, v_pool, batch)
     b, nq, h, d = q.shape
     num_pages, _, hkv, _ = k_pool.shape
     group = h // hkv
     max_pages = batch.page_table.shape[1]
+    block_m = launch.block_m or (max(16, next_power_of_2(group)) if nq == 1 else 64)
+    require(block_m >= 16 and block_m == next_power_of_2(block_m), kernel,
+            f"block_m must be a power of two >= 16, got {block_m}")
+    require(launch.pages_per_step in (1, 2, 4), kernel, f"pages_per_step must be 1, 2 or 4, got {launch.pages_per_step}")
     num_blocks = -(-nq * group // block_m)
     if num_splits is None:
-        num_splits = choose_num_splits(b, hkv, num_blocks, max_pages, q.device)
+        num_splits = choose_num_splits(b, hkv, num_blocks, max_pages, q.device, waves=launch.waves)
     require(1 <= num_splits <= MAX_SPLITS, kernel, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
     if num_splits > 1:
@@ -233,8 +284,9 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         pos.stride(0), pos.stride(1), table.stride(0),
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
+        PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
         NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if num_splits > 1:
         rows = b * nq * h
@@ -248,29 +300,28 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
-                           scale: float, *, num_splits: int | None = None) -> torch.Tensor:
+                           scale: float, *, num_splits: int | None = None,
+                           launch: AttentionLaunch = DECODE_LAUNCH) -> torch.Tensor:
     """Decode attention, q ``[B, 1, H, D]`` -> ``[B, 1, H, D]`` (flash-decoding).
 
     One program per (row, kv head, split) holds all ``H / Hkv`` query heads of the
     group, padded to 16 rows for the tensor-core dot. ``num_splits`` overrides the
-    static heuristic (:func:`choose_num_splits`).
+    static heuristic (:func:`choose_num_splits`); ``launch`` the launch shape.
     """
     require(q.dim() == 4 and q.shape[1] == 1, "paged_decode_attention", f"q must be [B, 1, H, D], got {tuple(q.shape)}")
-    group = q.shape[2] // max(1, k_pool.shape[2]) if k_pool.dim() == 4 else 1
-    return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale,
-                   block_m=max(16, next_power_of_2(group)), num_warps=4, num_stages=3, num_splits=num_splits)
+    return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale, launch=launch, num_splits=num_splits)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
-                            scale: float, *, num_splits: int | None = None) -> torch.Tensor:
+                            scale: float, *, num_splits: int | None = None,
+                            launch: AttentionLaunch = PREFILL_LAUNCH) -> torch.Tensor:
     """Chunked-prefill attention, q ``[B, Q, H, D]`` -> ``[B, Q, H, D]``.
 
     Causal by absolute position over the cached prefix and this chunk (whose K/V
     are already in the pool). Query rows are (token, group head) pairs in blocks of
-    64; keys stream one page per step.
+    ``launch.block_m``; keys stream ``launch.pages_per_step`` pages per step.
     """
-    return _launch("paged_prefill_attention", q, k_pool, v_pool, batch, scale,
-                   block_m=64, num_warps=4, num_stages=2, num_splits=num_splits)
+    return _launch("paged_prefill_attention", q, k_pool, v_pool, batch, scale, launch=launch, num_splits=num_splits)
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
@@ -284,5 +335,5 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return paged_prefill_attention(q, k_pool, v_pool, batch, scale)
 
 
-__all__ = ["paged_attention", "paged_decode_attention", "paged_prefill_attention", "choose_num_splits",
-           "MAX_SPLITS", "PAGE_TOKENS"]
+__all__ = ["AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "MAX_SPLITS", "PAGE_TOKENS", "choose_num_splits",
+           "paged_attention", "paged_decode_attention", "paged_prefill_attention"]

@@ -11,7 +11,7 @@ import torch
 
 from flare.model.attention import AttentionBatch
 from flare.model.kernels import (
-    KernelInputError, MAX_SPLITS, choose_num_splits, paged_attention, paged_decode_attention, paged_prefill_attention,
+    AttentionLaunch, KernelInputError, MAX_SPLITS, choose_num_splits, paged_attention, paged_decode_attention, paged_prefill_attention,
 )
 
 from ..paged_cases import build_case, check_attention
@@ -67,6 +67,18 @@ def test_prefill_q128_ragged_rows_with_padding_tokens_and_rows():
     check_attention("paged_prefill_attention", out, case)
 
 
+@pytest.mark.parametrize("q_len, num_splits", [(1, 3), (64, 2)], ids=["decode", "prefill"])
+def test_two_pages_per_step(q_len, num_splits):
+    # 5 pages per row: an odd count, so the last two-page step runs past the row's pages
+    # (and, for the full row, past Pmax).
+    case = build_case(kv_lens=[320, 250, 0], q_len=q_len, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=5,
+                      dtype=torch.bfloat16, seed=9, shared_pages=2, padding_rows=(2,))
+    launch = AttentionLaunch(pages_per_step=2, num_stages=2)
+    fn = paged_decode_attention if q_len == 1 else paged_prefill_attention
+    out = fn(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=num_splits, launch=launch)
+    check_attention(f"{fn.__name__} (pages_per_step=2)", out, case)
+
+
 def test_dispatch_by_query_length():
     decode = build_case(kv_lens=[70, 9], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=2,
                         dtype=torch.float32, seed=6)
@@ -81,9 +93,13 @@ def test_dispatch_by_query_length():
 def test_split_count_depends_only_on_static_shapes():
     cpu = torch.device("cpu")  # the heuristic assumes the H200's 132 SMs off CUDA
     assert choose_num_splits(1, 8, 1, 128, cpu) == MAX_SPLITS  # batch-1 decode, 8k context
-    assert choose_num_splits(64, 8, 1, 128, cpu) == 1  # 512 programs already fill the GPU
-    assert choose_num_splits(8, 8, 1, 128, cpu) == 5  # 64 programs: ~2 waves need 5 splits
+    assert choose_num_splits(64, 8, 1, 128, cpu) == 3  # 512 programs: 3 splits reach 8 x 132
+    assert choose_num_splits(128, 8, 1, 128, cpu) == 1  # 1024 programs fill the GPU
     assert choose_num_splits(1, 8, 1, 3, cpu) == 3  # never more splits than pages
+    # Prefill (2 waves): a Q=512 chunk (32 blocks of 64 rows x 8 kv heads) is left whole,
+    # a Q=64 chunk over a long prefix (4 blocks) is split.
+    assert choose_num_splits(1, 8, 32, 128, cpu, waves=2) == 1
+    assert choose_num_splits(1, 8, 4, 128, cpu, waves=2) == 9
 
 
 def test_bad_inputs_raise_typed_errors():

@@ -56,10 +56,13 @@ def test_default_config_for_llama3_8b_shapes():
         for m in (1, 2, 8):
             cfg = default_config(m, n, k, cpu)
             programs = -(-n // cfg.block_n) * cfg.split_k
-            assert programs >= 2 * 132, f"{(m, n, k)}: {cfg} launches only {programs} programs"
-            assert (cfg.mode == "fma") == (m == 1)
-    # A narrow output splits K so the grid still covers the GPU.
-    assert default_config(2, 896, 4864, cpu).split_k > 1
+            assert programs >= 132 // 2, f"{(m, n, k)}: {cfg} launches only {programs} programs"
+            assert cfg.block_k * cfg.split_k <= k and cfg.num_stages >= 3
+            assert cfg.mode != "fma" or m == 1
+            assert cfg.split_k == 1, f"{(m, n, k)}: Llama-3-8B layers need no K split, got {cfg}"
+    # A small model's narrow layer splits K so the grid still covers the GPU.
+    narrow = default_config(2, 896, 4864, cpu)
+    assert narrow.split_k > 1 and -(-896 // narrow.block_n) * narrow.split_k >= 132 // 2, narrow
 
 
 def test_default_config_runs():
@@ -92,5 +95,7 @@ def test_bad_inputs_raise_typed_errors():
         linear_small_m(torch.randn(2, 16).bfloat16(), w)
     with pytest.raises(KernelInputError, match="mode 'fma' takes one row"):
         linear_small_m(torch.randn(2, 16), w, config=GemvConfig(mode="fma"))
+    with pytest.raises(KernelInputError, match="pdl .* needs CUDA"):
+        linear_small_m(torch.randn(2, 16), w, config=GemvConfig(pdl=True))
     with pytest.raises(KernelInputError, match="bias must be"):
         linear_small_m(torch.randn(2, 16), w, torch.randn(9))

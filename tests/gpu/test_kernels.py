@@ -1,0 +1,301 @@
+"""Triton kernels on CUDA at real sizes, and inside captured CUDA graphs.
+
+Shapes are Llama-3-8B's (H=32, Hkv=8, D=128, hidden 4096, intermediate 14336,
+vocab 128256) unless a test says otherwise. Every assertion message names the
+kernel, the case and the error, so a failure read from a log is enough to act on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+pytest.importorskip("triton")
+
+from flare.model import layers  # noqa: E402
+from flare.model.attention import AttentionBatch  # noqa: E402
+from flare.model.kernels import (  # noqa: E402
+    GemvConfig, add_rms_norm, apply_rope, choose_num_splits, linear, linear_small_m, paged_attention,
+    paged_decode_attention, paged_prefill_attention, rms_norm, silu_mul,
+)
+from tests.kernels.paged_cases import build_case, check_attention  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+H, HKV, D, HIDDEN, INTER, VOCAB = 32, 8, 128, 4096, 14336, 128256
+PMAX = 128  # 8k context
+
+
+def _lens(n: int, high: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, high + 1, (n,), generator=gen).tolist()
+
+
+# -- attention -----------------------------------------------------------------
+
+@pytest.mark.parametrize("b", [1, 8, 64])
+def test_decode_llama3_shapes(b):
+    lens = _lens(b, PMAX * 64, seed=b)
+    lens[0] = PMAX * 64  # one row at the full context
+    padding = (b - 1,) if b > 1 else ()
+    case = build_case(kv_lens=lens, q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
+                      dtype=torch.bfloat16, device=DEV, seed=b, shared_pages=min(lens) // 64, padding_rows=padding)
+    splits = choose_num_splits(b, HKV, 1, PMAX, DEV)
+    out = paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    check_attention(f"paged_decode_attention (auto splits={splits})", out, case)
+    ref = case.reference()
+    for forced in (1, 16):
+        out = paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=forced)
+        check_attention(f"paged_decode_attention (splits={forced})", out, case, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(14, 2, 64), (16, 2, 96), (32, 32, 128)],
+                         ids=["group7-d64", "group8-d96", "mha-d128"])
+def test_decode_other_layouts(dtype, heads, kv_heads, head_dim):
+    case = build_case(kv_lens=_lens(6, 4000, seed=heads), q_len=1, num_heads=heads, num_kv_heads=kv_heads,
+                      head_dim=head_dim, max_pages=64, dtype=dtype, device=DEV, seed=3)
+    out = paged_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    check_attention("paged_attention (decode)", out, case)
+
+
+def test_decode_long_context():
+    case = build_case(kv_lens=[32768, 20001], q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=512,
+                      dtype=torch.bfloat16, device=DEV, seed=4, shared_pages=100)
+    check_attention("paged_decode_attention (32k)", paged_decode_attention(
+        case.q, case.k_pool, case.v_pool, case.batch, case.scale), case)
+
+
+@pytest.mark.parametrize("b, q_len, lens, num_new", [
+    (1, 64, [7000], None),  # short chunk after a long prefix: context splits
+    (1, 512, [3512], None),
+    (1, 2048, [2048], None),  # first chunk of a prompt
+    (4, 128, [128, 4000, 70, 0], [128, 128, 6, 0]),  # ragged, padding tokens and a padding row
+], ids=["q64-prefix7k", "q512-prefix3k", "q2048-fresh", "b4-ragged"])
+def test_prefill(b, q_len, lens, num_new):
+    padding = tuple(i for i, n in enumerate(lens) if n == 0)
+    case = build_case(kv_lens=lens, num_new=num_new, q_len=q_len, num_heads=H, num_kv_heads=HKV, head_dim=D,
+                      max_pages=PMAX, dtype=torch.bfloat16, device=DEV, seed=q_len, padding_rows=padding)
+    out = paged_prefill_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    check_attention("paged_prefill_attention", out, case)
+
+
+def test_prefill_fp32_and_head_dim_64():
+    case = build_case(kv_lens=[900, 300], q_len=256, num_heads=16, num_kv_heads=4, head_dim=64, max_pages=16,
+                      dtype=torch.float32, device=DEV, seed=9, shared_pages=2)
+    check_attention("paged_prefill_attention (fp32)", paged_prefill_attention(
+        case.q, case.k_pool, case.v_pool, case.batch, case.scale), case)
+
+
+# -- elementwise -----------------------------------------------------------------
+
+def _assert_close(kernel: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    ulp = torch.finfo(want.dtype).eps
+    err = (got.float() - want.float()).abs()
+    bound = ulp * (1 + want.float().abs())
+    exact = float((got == want).float().mean())
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{kernel}: {got.shape}/{got.dtype} vs {want.shape}"
+    assert bool((err <= bound).all()) and exact >= 0.97, (
+        f"{kernel} {tuple(want.shape)} {want.dtype}: max abs error {float(err.max()):.3e}, "
+        f"{int((err > bound).sum())} elements above one ulp, {exact:.2%} bit-identical")
+
+
+def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float = 500000.0):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=DEV).float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize("rows", [1, 64, 2048])
+def test_norms(rows):
+    gen = torch.Generator(device=DEV).manual_seed(rows)
+    x = torch.randn(rows, HIDDEN, generator=gen, device=DEV).bfloat16()
+    residual = (3 * torch.randn(rows, HIDDEN, generator=gen, device=DEV)).bfloat16()
+    w = torch.randn(HIDDEN, generator=gen, device=DEV).bfloat16()
+    _assert_close("rms_norm", rms_norm(x, w, 1e-5), layers.rms_norm(x, w, 1e-5))
+    normed, new_residual = add_rms_norm(x, residual, w, 1e-5)
+    assert torch.equal(new_residual, residual + x), "add_rms_norm: residual is not the exact bf16 sum"
+    _assert_close("add_rms_norm", normed, layers.rms_norm(residual + x, w, 1e-5))
+
+
+@pytest.mark.parametrize("b, q_len", [(64, 1), (1, 512)])
+def test_rope_and_head_norm_on_qkv_views(b, q_len):
+    gen = torch.Generator(device=DEV).manual_seed(q_len)
+    qkv = torch.randn(b, q_len, (H + 2 * HKV) * D, generator=gen, device=DEV).bfloat16()
+    q = qkv[..., :H * D].view(b, q_len, H, D)
+    k = qkv[..., H * D:(H + HKV) * D].view(b, q_len, HKV, D)
+    positions = torch.randint(0, 8192, (b, q_len), generator=gen, device=DEV)
+    cos, sin = _rope_tables(positions, D)
+    _assert_close("apply_rope (q)", apply_rope(q, cos, sin), layers.apply_rope(q, cos, sin))
+    _assert_close("apply_rope (k)", apply_rope(k, cos, sin), layers.apply_rope(k, cos, sin))
+    w = torch.randn(D, generator=gen, device=DEV).bfloat16()
+    _assert_close("rms_norm (q heads)", rms_norm(q, w, 1e-6), layers.rms_norm(q, w, 1e-6))
+
+
+@pytest.mark.parametrize("rows", [1, 64, 512])
+def test_silu_mul(rows):
+    gen = torch.Generator(device=DEV).manual_seed(rows)
+    gate_up = (2 * torch.randn(rows, 2 * INTER, generator=gen, device=DEV)).bfloat16()
+    _assert_close("silu_mul", silu_mul(gate_up), layers.silu_mul(gate_up))
+
+
+# -- GEMV ------------------------------------------------------------------------
+
+LLAMA_LINEARS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                 "lm_head": (VOCAB, 4096)}
+
+
+def _check_linear(label: str, got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias=None) -> None:
+    want = x.float() @ w.float().t()
+    if bias is not None:
+        want += bias.float()
+    err = float((got.float() - want).norm() / want.norm())
+    assert got.dtype == x.dtype and err <= 4e-3, f"{label}: relative L2 error {err:.2e} (allowed 4e-3)"
+
+
+@pytest.mark.parametrize("name", list(LLAMA_LINEARS))
+def test_linear_small_m_llama3_shapes(name):
+    n, k = LLAMA_LINEARS[name]
+    gen = torch.Generator(device=DEV).manual_seed(n)
+    w = (torch.randn(n, k, generator=gen, device=DEV) / math.sqrt(k)).bfloat16()
+    bias = torch.randn(n, generator=gen, device=DEV).bfloat16() if name == "qkv" else None
+    for m in (1, 2, 4, 8):
+        x = torch.randn(m, k, generator=gen, device=DEV).bfloat16()
+        _check_linear(f"linear_small_m {name} M={m} N={n} K={k}", linear_small_m(x, w, bias), x, w, bias)
+    for cfg in (GemvConfig(mode="swap", block_n=64, block_k=128), GemvConfig(mode="dot", split_k=4, block_n=32),
+                GemvConfig(mode="swap", block_n=32, block_k=256, num_stages=5, pdl=True)):
+        x = torch.randn(3, k, generator=gen, device=DEV).bfloat16()
+        _check_linear(f"linear_small_m {name} M=3 {cfg}", linear_small_m(x, w, bias, config=cfg), x, w, bias)
+
+
+def test_linear_selector():
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    w = torch.randn(1024, 4096, generator=gen, device=DEV).bfloat16()
+    x = torch.randn(1, 8, 4096, generator=gen, device=DEV).bfloat16()
+    assert torch.equal(linear(x, w), linear_small_m(x, w)), "linear: M=8 must route to linear_small_m"
+    x = torch.randn(16, 4096, generator=gen, device=DEV).bfloat16()
+    assert torch.equal(linear(x, w), F.linear(x, w)), "linear: M=16 must fall back to F.linear"
+
+
+# -- CUDA graphs -----------------------------------------------------------------
+
+def _capture(fn):
+    """Warm ``fn`` up on a side stream (compiles), capture it, return (graph, output)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def _refill_case(case, lens: list[int], seed: int) -> None:
+    """New q, lengths, positions and page tables written into the captured tensors."""
+    fresh = build_case(kv_lens=lens, q_len=case.q.shape[1], num_heads=case.q.shape[2],
+                       num_kv_heads=case.k_pool.shape[2], head_dim=case.q.shape[3],
+                       max_pages=case.batch.page_table.shape[1], dtype=case.q.dtype, device=DEV, seed=seed,
+                       spare_pages=case.k_pool.shape[0] - 1 - sum(-(-n // 64) for n in lens))
+    for dst, src in ((case.q, fresh.q), (case.k_pool, fresh.k_pool), (case.v_pool, fresh.v_pool),
+                     (case.batch.positions, fresh.batch.positions), (case.batch.page_table, fresh.batch.page_table),
+                     (case.batch.kv_lens, fresh.batch.kv_lens)):
+        dst.copy_(src)
+    case.real_rows = fresh.real_rows
+    case.label = fresh.label
+
+
+@pytest.mark.parametrize("b, q_len", [(1, 1), (8, 1), (2, 128)], ids=["decode-b1", "decode-b8", "prefill-b2"])
+def test_attention_graph_replay(b, q_len):
+    lens = [4000 + 100 * i for i in range(b)]
+    case = build_case(kv_lens=lens, q_len=q_len, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
+                      dtype=torch.bfloat16, device=DEV, seed=11, spare_pages=64 * b)
+    graph, out = _capture(lambda: paged_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale))
+    for step, new_lens in enumerate([[8000 - 300 * i for i in range(b)], [65 + i for i in range(b)]]):
+        _refill_case(case, new_lens, seed=20 + step)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_attention(f"paged_attention replay {step}", out, case)
+
+
+def test_elementwise_and_gemv_graph_replay():
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    x = torch.empty(4, HIDDEN, device=DEV, dtype=torch.bfloat16)
+    residual = torch.empty_like(x)
+    w_norm = torch.randn(HIDDEN, generator=gen, device=DEV).bfloat16()
+    w_down = (torch.randn(HIDDEN, INTER, generator=gen, device=DEV) / math.sqrt(INTER)).bfloat16()
+    w_gu = (torch.randn(2 * INTER, HIDDEN, generator=gen, device=DEV) / math.sqrt(HIDDEN)).bfloat16()
+    positions = torch.empty(4, 1, dtype=torch.int64, device=DEV)
+    q = torch.empty(4, 1, H, D, device=DEV, dtype=torch.bfloat16)
+    split = GemvConfig(mode="dot", split_k=4, block_n=64)
+
+    def step():
+        normed, new_residual = add_rms_norm(x, residual, w_norm, 1e-5)
+        gate_up = linear_small_m(normed, w_gu)
+        act = silu_mul(gate_up)
+        hidden = linear_small_m(act, w_down, config=split)
+        cos, sin = _rope_tables(positions, D)
+        return normed, new_residual, gate_up, act, hidden, apply_rope(q, cos, sin), rms_norm(x, w_norm, 1e-5)
+
+    for t in (x, residual, q):
+        t.copy_(torch.randn(t.shape, generator=gen, device=DEV))
+    positions.copy_(torch.randint(0, 8192, positions.shape, generator=gen, device=DEV))
+    graph, outs = _capture(step)
+    for replay in range(2):
+        for t in (x, residual, q):
+            t.copy_(torch.randn(t.shape, generator=gen, device=DEV))
+        positions.copy_(torch.randint(0, 8192, positions.shape, generator=gen, device=DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        normed, new_residual, gate_up, act, hidden, roped, plain = outs
+        want_residual = residual + x
+        assert torch.equal(new_residual, want_residual), f"replay {replay}: add_rms_norm residual"
+        _assert_close(f"replay {replay}: add_rms_norm", normed, layers.rms_norm(want_residual, w_norm, 1e-5))
+        _assert_close(f"replay {replay}: rms_norm", plain, layers.rms_norm(x, w_norm, 1e-5))
+        cos, sin = _rope_tables(positions, D)
+        _assert_close(f"replay {replay}: apply_rope", roped, layers.apply_rope(q, cos, sin))
+        _check_linear(f"replay {replay}: gate_up (M=4)", gate_up, normed, w_gu)
+        _assert_close(f"replay {replay}: silu_mul", act, layers.silu_mul(gate_up))
+        _check_linear(f"replay {replay}: down (M=4, split_k=4)", hidden, act, w_down)
+
+
+def test_pdl_gemv_chain_in_graph():
+    """Dependent GEMVs launched with PDL read their inputs only after the grid dependency.
+
+    Each layer reads the previous layer's output, with a torch op in between, so a
+    missing wait would read stale or half-written activations on some replay.
+    """
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    ws = [(torch.randn(4096, 4096, generator=gen, device=DEV) / 64).bfloat16() for _ in range(6)]
+    x = torch.empty(2, 4096, device=DEV, dtype=torch.bfloat16)
+    configs = [GemvConfig(mode="swap", block_n=32, block_k=256, num_stages=5, pdl=True),
+               GemvConfig(mode="dot", block_n=64, block_k=128, num_stages=4, pdl=True)]
+
+    def chain():
+        h = x
+        for i, w in enumerate(ws):
+            h = linear_small_m(h, w, config=configs[i % 2])
+            if i == 2:
+                h = h * 0.5  # a kernel without PDL in the middle of the chain
+        return h
+
+    x.copy_(torch.randn(x.shape, generator=gen, device=DEV))
+    graph, out = _capture(chain)
+    for replay in range(3):
+        x.copy_(torch.randn(x.shape, generator=gen, device=DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = x.float()
+        for i, w in enumerate(ws):
+            want = (want.bfloat16().float() @ w.float().t())
+            if i == 2:
+                want = want.bfloat16().float() * 0.5
+        err = float((out.float() - want).norm() / want.norm())
+        assert err <= 2e-2, f"PDL GEMV chain replay {replay}: relative L2 error {err:.2e} (allowed 2e-2)"

@@ -1,0 +1,443 @@
+"""Benchmark the Triton kernels of flare.model.kernels against torch on CUDA.
+
+Every figure is a per-call time from CUDA-graph replays timed with CUDA events
+(median of repeats), so Python launch overhead is out of both our number and the
+reference's. Inputs rotate over enough distinct buffers that a call does not find
+its data in the 60 MB L2. Achieved bandwidth counts the bytes a call must move
+(each input read once, each output written once) and is printed next to the
+device-to-device copy ceiling measured in the same run (about 4.3 TB/s on the
+H200, DEVICE.md).
+
+Sections (all by default, or pick with --only):
+  attention   paged decode (B x context) and prefill (chunk over a prefix) against
+              paged_attention_reference and F.scaled_dot_product_attention on
+              contiguous K/V
+  elementwise rms_norm, add_rms_norm, apply_rope, silu_mul against flare.model.layers
+  gemv        linear_small_m against F.linear (cuBLAS) on Llama-3-8B shapes, M = 1..8,
+              32 distinct weight copies per shape (as in a real step)
+  step        all 32 layers' qkv/o/gate_up/down plus lm_head (15.0 GB of bf16) in one
+              graph, through the `linear` selector against F.linear: the weight-streaming
+              floor of a decode step
+--sweep gemv,attention times grids of launch shapes (GemvConfig per GEMV shape;
+decode split counts and stages; prefill block shapes) and prints the best.
+
+    python tools/bench_kernels.py [--only attention,elementwise,gemv,step] [--sweep gemv,attention] [--json PATH]
+
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flare.model import layers  # noqa: E402
+from flare.model.attention import AttentionBatch, paged_attention_reference  # noqa: E402
+from flare.model.kernels import (  # noqa: E402
+    GemvConfig, add_rms_norm, apply_rope, default_config, linear, linear_small_m, paged_attention, rms_norm,
+    silu_mul,
+)
+
+DEV = torch.device("cuda")
+H, HKV, D, HIDDEN, INTER, VOCAB, LAYERS = 32, 8, 128, 4096, 14336, 128256, 32
+PMAX = 128
+PAGE = 64
+ROTATE_BYTES = 256 << 20  # distinct input bytes per timed graph: several times the L2
+LINEARS = {"qkv": (6144, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
+
+
+def graph_us(calls: list, repeats: int = 15) -> float:
+    """Median microseconds per call of ``calls`` (zero-arg callables) captured in one graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / len(calls))
+    del graph
+    return statistics.median(samples)
+
+
+def copy_ceiling_gbs() -> tuple[float, dict[str, float]]:
+    """Device-to-device copy bandwidth of 4 GiB (bytes read + written), clocks spun up first.
+
+    Measured three ways: an eager cudaMemcpy timed with events, the same memcpy as a
+    graph node, and an elementwise copy kernel in a graph. The ceiling is the best.
+    """
+    nbytes = 4 << 30
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=DEV).normal_()
+    dst = torch.empty_like(src)
+    start = time.monotonic()
+    while time.monotonic() - start < 2.0:  # an idle H200 sits at 345 MHz until loaded
+        dst.copy_(src)
+        torch.cuda.synchronize()
+    samples = []
+    for _ in range(10):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) * 1e3)
+    ways = {"memcpy_eager": statistics.median(samples),
+            "memcpy_graph": graph_us([lambda: dst.copy_(src)] * 4, repeats=10),
+            "kernel_graph": graph_us([lambda: torch.mul(src, 1.0, out=dst)] * 4, repeats=10)}
+    del src, dst
+    torch.cuda.empty_cache()
+    gbs = {k: 2 * nbytes / (us * 1e-6) / 1e9 for k, us in ways.items()}
+    return max(gbs.values()), gbs
+
+
+def rotations(bytes_per_call: float, cap: int = 32) -> int:
+    return max(2, min(cap, math.ceil(ROTATE_BYTES / max(bytes_per_call, 1))))
+
+
+def row(*cells) -> None:
+    print("  ".join(f"{c:>12}" if not isinstance(c, float) else f"{c:>12.2f}" for c in cells))
+
+
+# -- attention -------------------------------------------------------------------
+
+def _decode_inputs(b: int, ctx: int, copies: int, gen: torch.Generator):
+    pages_per_row = ctx // PAGE
+    num_pages = 1 + copies * b * pages_per_row
+    k_pool = torch.randn(num_pages, PAGE, HKV, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+    v_pool = torch.randn_like(k_pool)
+    perm = torch.randperm(num_pages - 1, device=DEV, generator=gen) + 1
+    batches, qs = [], []
+    for c in range(copies):
+        table = torch.zeros(b, PMAX if ctx <= PMAX * PAGE else pages_per_row, dtype=torch.int64, device=DEV)
+        table[:, :pages_per_row] = perm[c * b * pages_per_row:(c + 1) * b * pages_per_row].view(b, pages_per_row)
+        lens = torch.full((b,), ctx, dtype=torch.int64, device=DEV)
+        batches.append(AttentionBatch(positions=(lens - 1).view(b, 1), write_index=torch.zeros(b, 1, dtype=torch.int64,
+                                      device=DEV), page_table=table, kv_lens=lens))
+        qs.append(torch.randn(b, 1, H, D, device=DEV, generator=gen, dtype=torch.bfloat16))
+    return k_pool, v_pool, batches, qs
+
+
+def bench_attention(ceiling: float, results: dict) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    scale = D ** -0.5
+    print(f"\n== paged decode attention (H={H}, Hkv={HKV}, D={D}, bf16, Pmax={PMAX}): us per call, GB/s of K+V ==")
+    row("B", "context", "flare us", "flare GB/s", "% ceiling", "sdpa us", "sdpa GB/s", "torch-ref us")
+    for b in (1, 8, 32, 64):
+        for ctx in (1024, 8192):
+            kv_bytes = 2 * b * ctx * HKV * D * 2
+            copies = rotations(kv_bytes)
+            k_pool, v_pool, batches, qs = _decode_inputs(b, ctx, copies, gen)
+            ours = graph_us([lambda q=q, bt=bt: paged_attention(q, k_pool, v_pool, bt, scale)
+                             for q, bt in zip(qs, batches)])
+            dense_copies = min(copies, 4)
+            dense = [(torch.randn(b, HKV, ctx, D, device=DEV, generator=gen, dtype=torch.bfloat16),
+                      torch.randn(b, HKV, ctx, D, device=DEV, generator=gen, dtype=torch.bfloat16),
+                      torch.randn(b, H, 1, D, device=DEV, generator=gen, dtype=torch.bfloat16))
+                     for _ in range(dense_copies)]
+            sdpa = graph_us([lambda k=k, v=v, q=q: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+                             for k, v, q in dense])
+            ref = float("nan")
+            if b * ctx <= 64 * 1024:
+                ref = graph_us([lambda q=q, bt=bt: paged_attention_reference(q, k_pool, v_pool, bt, scale)
+                                for q, bt in list(zip(qs, batches))[:2]], repeats=5)
+            gbs = kv_bytes / (ours * 1e-6) / 1e9
+            row(b, ctx, ours, gbs, 100 * gbs / ceiling, sdpa, kv_bytes / (sdpa * 1e-6) / 1e9, ref)
+            results[f"decode_b{b}_ctx{ctx}"] = {"flare_us": ours, "sdpa_us": sdpa, "torch_ref_us": ref,
+                                                "flare_gbs": gbs}
+            del k_pool, v_pool, batches, qs, dense
+            torch.cuda.empty_cache()
+
+    print("\n== paged prefill attention (B=1, causal by position): us per call, TFLOP/s ==")
+    row("chunk", "prefix", "flare us", "flare TF/s", "sdpa us", "sdpa TF/s")
+    for q_len in (512, 2048):
+        for prefix in (0, 4096):
+            ctx = prefix + q_len
+            pages = -(-ctx // PAGE)
+            k_pool = torch.randn(1 + 2 * pages, PAGE, HKV, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+            v_pool = torch.randn_like(k_pool)
+            calls = []
+            for c in range(2):
+                table = torch.zeros(1, PMAX, dtype=torch.int64, device=DEV)
+                table[0, :pages] = torch.arange(1 + c * pages, 1 + (c + 1) * pages, device=DEV)
+                positions = (prefix + torch.arange(q_len, device=DEV)).view(1, q_len)
+                bt = AttentionBatch(positions, positions, table, torch.tensor([ctx], device=DEV))
+                q = torch.randn(1, q_len, H, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+                calls.append(lambda q=q, bt=bt: paged_attention(q, k_pool, v_pool, bt, scale))
+            ours = graph_us(calls)
+            kd = torch.randn(1, H, ctx, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+            vd = torch.randn_like(kd)
+            qd = torch.randn(1, H, q_len, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+            if prefix == 0:
+                sdpa = graph_us([lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale)])
+            else:
+                from torch.nn.attention.bias import causal_lower_right
+                bias = causal_lower_right(q_len, ctx)
+                sdpa = graph_us([lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias, scale=scale)])
+            pairs = q_len * prefix + q_len * (q_len + 1) / 2
+            flops = 4 * pairs * H * D
+            row(q_len, prefix, ours, flops / (ours * 1e-6) / 1e12, sdpa, flops / (sdpa * 1e-6) / 1e12)
+            results[f"prefill_q{q_len}_prefix{prefix}"] = {"flare_us": ours, "sdpa_us": sdpa,
+                                                          "flare_tflops": flops / (ours * 1e-6) / 1e12}
+            del k_pool, v_pool, kd, vd, qd, calls
+            torch.cuda.empty_cache()
+
+
+# -- elementwise -----------------------------------------------------------------
+
+def bench_elementwise(ceiling: float, results: dict) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    print("\n== fused elementwise (bf16): us per call, GB/s ==")
+    row("kernel", "shape", "flare us", "flare GB/s", "torch us", "torch GB/s")
+
+    def report(name, shape, ours_calls, torch_calls, nbytes):
+        ours, ref = graph_us(ours_calls), graph_us(torch_calls)
+        row(name, shape, ours, nbytes / (ours * 1e-6) / 1e9, ref, nbytes / (ref * 1e-6) / 1e9)
+        results[f"{name}_{shape}"] = {"flare_us": ours, "torch_us": ref}
+
+    w = torch.randn(HIDDEN, device=DEV, generator=gen).bfloat16()
+    for rows in (1, 64, 2048):
+        nbytes = 2 * rows * HIDDEN * 2
+        xs = [torch.randn(rows, HIDDEN, device=DEV, generator=gen).bfloat16() for _ in range(rotations(nbytes))]
+        rs = [torch.randn_like(x) for x in xs]
+        report("rms_norm", f"{rows}x{HIDDEN}", [lambda x=x: rms_norm(x, w, 1e-5) for x in xs],
+               [lambda x=x: layers.rms_norm(x, w, 1e-5) for x in xs], nbytes)
+        report("add_rms_norm", f"{rows}x{HIDDEN}", [lambda x=x, r=r: add_rms_norm(x, r, w, 1e-5) for x, r in zip(xs, rs)],
+               [lambda x=x, r=r: layers.rms_norm(r + x, w, 1e-5) for x, r in zip(xs, rs)], 2 * nbytes)
+    for b, q_len in ((64, 1), (1, 2048)):
+        nbytes = 2 * b * q_len * H * D * 2 + 2 * b * q_len * D * 4
+        copies = rotations(nbytes)
+        qkvs = [torch.randn(b, q_len, (H + 2 * HKV) * D, device=DEV, generator=gen).bfloat16() for _ in range(copies)]
+        qs = [t[..., :H * D].view(b, q_len, H, D) for t in qkvs]
+        cos = [torch.rand(b, q_len, D, device=DEV, generator=gen) for _ in range(copies)]
+        sin = [torch.rand(b, q_len, D, device=DEV, generator=gen) for _ in range(copies)]
+        report("apply_rope", f"{b}x{q_len}x{H}x{D}", [lambda q=q, c=c, s=s: apply_rope(q, c, s) for q, c, s in zip(qs, cos, sin)],
+               [lambda q=q, c=c, s=s: layers.apply_rope(q, c, s) for q, c, s in zip(qs, cos, sin)], nbytes)
+    for rows in (1, 64, 2048):
+        nbytes = 3 * rows * INTER * 2
+        gus = [torch.randn(rows, 2 * INTER, device=DEV, generator=gen).bfloat16() for _ in range(rotations(nbytes))]
+        report("silu_mul", f"{rows}x{2 * INTER}", [lambda g=g: silu_mul(g) for g in gus],
+               [lambda g=g: layers.silu_mul(g) for g in gus], nbytes)
+    torch.cuda.empty_cache()
+
+
+# -- GEMV --------------------------------------------------------------------------
+
+def _weights(gen) -> dict[str, list[torch.Tensor]]:
+    w = {name: [(torch.randn(n, k, device=DEV, generator=gen) / math.sqrt(k)).bfloat16() for _ in range(LAYERS)]
+         for name, (n, k) in LINEARS.items()}
+    w["lm_head"] = [(torch.randn(VOCAB, HIDDEN, device=DEV, generator=gen) / 64).bfloat16()]
+    return w
+
+
+def _shape_calls(ws: list[torch.Tensor], x: torch.Tensor, fn) -> list:
+    calls = [lambda w=w: fn(x, w) for w in ws]
+    return calls if len(calls) > 1 else calls * 4  # lm_head: 1 GB per call, far past the L2
+
+
+def bench_gemv(ceiling: float, results: dict, weights, gen) -> None:
+    print("\n== small-batch linear (bf16, 32 distinct weights per shape): us per call, % of copy ceiling ==")
+    row("shape", "M", "flare us", "flare %", "cublas us", "cublas %", "speedup", "config")
+    for name, ws in weights.items():
+        n, k = ws[0].shape
+        nbytes = n * k * 2
+        for m in (1, 2, 4, 8):
+            x = torch.randn(m, k, device=DEV, generator=gen).bfloat16()
+            ours = graph_us(_shape_calls(ws, x, linear_small_m))
+            ref = graph_us(_shape_calls(ws, x, F.linear))
+            pct = lambda us: 100 * nbytes / (us * 1e-6) / 1e9 / ceiling  # noqa: E731
+            cfg = default_config(m, n, k, DEV)
+            row(name, m, ours, pct(ours), ref, pct(ref), ref / ours,
+                f"{cfg.mode}/{cfg.block_n}x{cfg.block_k}/s{cfg.split_k}")
+            results[f"linear_{name}_m{m}"] = {"flare_us": ours, "cublas_us": ref, "flare_pct": pct(ours),
+                                             "cublas_pct": pct(ref)}
+
+
+def bench_step(ceiling: float, results: dict, weights, gen) -> None:
+    total = sum(w.numel() * 2 for ws in weights.values() for w in ws)
+    floor_ms = total / (ceiling * 1e9) * 1e3
+    print(f"\n== decode-step weight streaming: {LAYERS} layers + lm_head, {total / 1e9:.2f} GB, "
+          f"floor {floor_ms:.2f} ms at the measured ceiling; % = floor / time ==")
+    row("M", "flare ms", "flare %", "flare+pdl ms", "flare+pdl %", "cublas ms", "cublas %")
+    order = [w for i in range(LAYERS) for w in (weights["qkv"][i], weights["o"][i], weights["gate_up"][i],
+                                                  weights["down"][i])] + weights["lm_head"]
+    for m in (1, 2, 4, 8):
+        xs = {k: torch.randn(m, k, device=DEV, generator=gen).bfloat16() for k in (HIDDEN, INTER)}
+        pdl = {w.shape: replace(default_config(m, *w.shape, DEV), pdl=True) for w in order}
+
+        def step(fn):
+            return [lambda: [fn(xs[w.shape[1]], w) for w in order]]
+
+        ours_ms = graph_us(step(linear), repeats=10) / 1e3
+        pdl_ms = graph_us(step(lambda x, w: linear_small_m(x, w, config=pdl[w.shape])), repeats=10) / 1e3
+        ref_ms = graph_us(step(F.linear), repeats=10) / 1e3
+        row(m, ours_ms, 100 * floor_ms / ours_ms, pdl_ms, 100 * floor_ms / pdl_ms, ref_ms, 100 * floor_ms / ref_ms)
+        results[f"step_m{m}"] = {"flare_ms": ours_ms, "flare_pdl_ms": pdl_ms, "cublas_ms": ref_ms, "floor_ms": floor_ms,
+                                 "flare_pct_of_floor": 100 * floor_ms / ours_ms,
+                                 "flare_pdl_pct_of_floor": 100 * floor_ms / pdl_ms,
+                                 "cublas_pct_of_floor": 100 * floor_ms / ref_ms}
+
+
+def sweep_configs(m: int) -> list[GemvConfig]:
+    swap = lambda bn, bk, st, **kw: GemvConfig(block_n=bn, block_k=bk, num_stages=st, mode="swap", **kw)  # noqa: E731
+    configs = [swap(32, 256, st) for st in (4, 5, 6, 7)] + [swap(64, 256, st) for st in (5, 6)]
+    configs += [swap(64, 128, st) for st in (4, 5, 6, 7)] + [swap(128, 128, 3), swap(128, 128, 4)]
+    configs += [swap(32, 512, 3), swap(32, 512, 4), swap(16, 256, 5), swap(16, 512, 5), swap(32, 256, 5, split_k=2)]
+    configs += [swap(32, 256, 5, pdl=True), swap(64, 128, 5, pdl=True), swap(32, 256, 6, pdl=True)]
+    if m == 1:
+        for bn, bk, warps in ((8, 512, 2), (8, 1024, 4), (4, 1024, 2), (16, 512, 4)):
+            configs.append(GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=3, mode="fma"))
+        configs.append(GemvConfig(block_n=8, block_k=512, num_warps=2, num_stages=3, mode="fma", pdl=True))
+    return configs
+
+
+def bench_attention_sweep(results: dict) -> None:
+    """Decode split counts and stages, prefill launch shapes."""
+    from flare.model.kernels import AttentionLaunch, paged_decode_attention, paged_prefill_attention
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    scale = D ** -0.5
+    table = {}
+    print("\n== attention sweep: decode (splits / stages), us per call ==")
+    for b, ctx in ((1, 1024), (1, 8192), (8, 8192), (32, 1024), (64, 8192)):
+        copies = rotations(2 * b * ctx * HKV * D * 2)
+        k_pool, v_pool, batches, qs = _decode_inputs(b, ctx, copies, gen)
+        found = {}
+        variants = [(None, AttentionLaunch(pages_per_step=pps, num_stages=st)) for pps in (1, 2) for st in (2, 3, 4)]
+        variants += [(None, AttentionLaunch(waves=w)) for w in (2, 4, 16)]
+        variants += [(sp, AttentionLaunch()) for sp in (1, 2, 4, 8, 16)]
+        for splits, launch in variants:
+            us = graph_us([lambda q=q, bt=bt: paged_decode_attention(q, k_pool, v_pool, bt, scale, num_splits=splits,
+                                                                     launch=launch) for q, bt in zip(qs, batches)])
+            found[f"splits={splits} {launch}"] = us
+        best = min(found, key=found.get)
+        print(f"  B={b} ctx={ctx}: best {found[best]:.2f} us with {best}")
+        for name, us in sorted(found.items(), key=lambda kv: kv[1]):
+            print(f"      {us:9.2f}  {name}")
+        table[f"decode_b{b}_ctx{ctx}"] = found
+        del k_pool, v_pool, batches, qs
+        torch.cuda.empty_cache()
+    print("\n== attention sweep: prefill launch shapes, us per call ==")
+    for q_len, prefix in ((2048, 0), (512, 4096), (64, 8000)):
+        ctx = prefix + q_len
+        pages = -(-ctx // PAGE)
+        k_pool = torch.randn(1 + pages, PAGE, HKV, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+        v_pool = torch.randn_like(k_pool)
+        table_ = torch.zeros(1, PMAX, dtype=torch.int64, device=DEV)
+        table_[0, :pages] = torch.arange(1, 1 + pages, device=DEV)
+        positions = (prefix + torch.arange(q_len, device=DEV)).view(1, q_len)
+        bt = AttentionBatch(positions, positions, table_, torch.tensor([ctx], device=DEV))
+        q = torch.randn(1, q_len, H, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+        found = {}
+        for bm, warps in ((64, 4), (128, 8)):
+            for pps in (1, 2):
+                for st in (2, 3):
+                    launch = AttentionLaunch(block_m=bm, num_warps=warps, num_stages=st, pages_per_step=pps, waves=2)
+                    try:
+                        found[str(launch)] = graph_us([lambda: paged_prefill_attention(q, k_pool, v_pool, bt, scale,
+                                                                                       launch=launch)])
+                    except Exception as exc:
+                        print(f"  skip {launch}: {type(exc).__name__}: {str(exc)[:100]}")
+        best = min(found, key=found.get)
+        print(f"  Q={q_len} prefix={prefix}: best {found[best]:.2f} us with {best}")
+        for name, us in sorted(found.items(), key=lambda kv: kv[1]):
+            print(f"      {us:9.2f}  {name}")
+        table[f"prefill_q{q_len}_prefix{prefix}"] = found
+    results["attention_sweep"] = table
+
+
+def bench_sweep(ceiling: float, results: dict, weights, gen, budget_s: float) -> None:
+    print("\n== GemvConfig sweep: best per shape (% of copy ceiling) ==")
+    row("shape", "M", "best %", "default %", "cublas %", "best config")
+    deadline = time.monotonic() + budget_s
+    table = {}
+    for m in (1, 8):
+        for name, ws in weights.items():
+            n, k = ws[0].shape
+            nbytes = n * k * 2
+            x = torch.randn(m, k, device=DEV, generator=gen).bfloat16()
+            pct = lambda us: 100 * nbytes / (us * 1e-6) / 1e9 / ceiling  # noqa: E731
+            scores = []
+            for cfg in sweep_configs(m):
+                if time.monotonic() > deadline:
+                    break
+                try:
+                    us = graph_us(_shape_calls(ws, x, lambda x, w, c=cfg: linear_small_m(x, w, config=c)), repeats=7)
+                except Exception as exc:  # a shape that does not compile (resources): report and go on
+                    print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                scores.append((pct(us), cfg))
+            if not scores:
+                continue
+            best_pct, best = max(scores, key=lambda s: s[0])
+            default_pct = pct(graph_us(_shape_calls(ws, x, linear_small_m), repeats=7))
+            cublas_pct = pct(graph_us(_shape_calls(ws, x, F.linear), repeats=7))
+            row(name, m, best_pct, default_pct, cublas_pct, f"{best}")
+            table[f"{name}_m{m}"] = {"best_pct": best_pct, "default_pct": default_pct, "cublas_pct": cublas_pct,
+                                     "best": best.__dict__,
+                                     "all": [(round(p, 1), c.__dict__) for p, c in sorted(scores, key=lambda s: -s[0])]}
+    results["sweep"] = table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="attention,elementwise,gemv,step")
+    parser.add_argument("--sweep", default="", help="comma list of gemv,attention: time launch-shape grids")
+    parser.add_argument("--sweep-budget-s", type=float, default=240.0)
+    parser.add_argument("--json", help="also write the results object here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "CUDA is not available"}))
+        sys.exit(1)
+    sections = set(args.only.split(","))
+    props = torch.cuda.get_device_properties(0)
+    ceiling, ways = copy_ceiling_gbs()
+    print(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}; "
+          f"copy ceiling {ceiling:.0f} GB/s (read + write; " + ", ".join(f"{k} {v:.0f}" for k, v in ways.items()) + ")")
+    results: dict = {"device": props.name, "copy_ceiling_gbs": ceiling, "copy_ways_gbs": ways}
+    with torch.inference_mode():
+        if "attention" in sections:
+            bench_attention(ceiling, results)
+        if "elementwise" in sections:
+            bench_elementwise(ceiling, results)
+        sweeps = set(filter(None, args.sweep.split(",")))
+        if "attention" in sweeps:
+            bench_attention_sweep(results)
+        if sections & {"gemv", "step"} or "gemv" in sweeps:
+            gen = torch.Generator(device=DEV).manual_seed(2)
+            weights = _weights(gen)
+            if "gemv" in sweeps:
+                bench_sweep(ceiling, results, weights, gen, args.sweep_budget_s)
+            if "gemv" in sections:
+                bench_gemv(ceiling, results, weights, gen)
+            if "step" in sections:
+                bench_step(ceiling, results, weights, gen)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    summary = {k: v for k, v in results.items() if not k.endswith("sweep")}
+    print(json.dumps(summary, default=str))
+
+
+if __name__ == "__main__":
+    main()
