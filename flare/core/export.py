@@ -183,10 +183,11 @@ def export_core(source: Path, output: Path, options: ExportOptions = ExportOptio
             page_tokens=PAGE_TOKENS, served_names=tuple(options.served_names),
             context_hint=options.context_hint, capacity_hint=options.capacity_hint, frontend=frontend,
         )
-        assets = {}
-        for name in asset_names:
-            path = core_dir / name
-            assets[name] = {"bytes": path.stat().st_size, "sha256": sha256_path(path)}
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(asset_names)))) as pool:
+            digests = list(pool.map(lambda n: sha256_path(core_dir / n), asset_names))
+        assets = {name: {"bytes": (core_dir / name).stat().st_size, "sha256": digest}
+                  for name, digest in zip(asset_names, digests)}
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,

@@ -37,6 +37,7 @@ class CpuExecutor:
         self._completed_fence = 0
         self._outstanding = 0
         self._poison: BaseException | None = None
+        self._grammar_fence = 0  # in-flight grammar-constrained step (0: none)
         self._closing = False
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
@@ -60,15 +61,22 @@ class CpuExecutor:
         return self._poison
 
     def can_submit(self) -> bool:
-        return self._outstanding < FRAMES and self._poison is None and not self._closing
+        return (self._outstanding < FRAMES and self._poison is None and not self._closing
+                and self._grammar_fence == 0)
 
-    def submit(self, graph_index: int, uploads: Sequence[Upload]) -> int:
+    def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
+        """Enqueue one graph; returns its fence. A grammar-constrained submission needs an empty
+        window and blocks further submissions until its completion has been polled."""
         graph = self.contract.graphs[graph_index]
         with self._lock:
             if self._poison is not None:
                 raise ExecutionError(f"executor is poisoned: {self._poison}")
             if self._closing:
                 raise ExecutionError("executor is closed")
+            if self._grammar_fence:
+                raise ExecutionError(f"a grammar-constrained step (fence {self._grammar_fence}) must complete first")
+            if grammar_constrained and self._outstanding:
+                raise ExecutionError("a grammar-constrained step needs an empty window")
             if self._outstanding >= FRAMES:
                 raise ExecutionError("both frames are in flight; poll before submitting again")
             staged = []
@@ -84,6 +92,8 @@ class CpuExecutor:
             fence = self._next_fence
             self._next_fence += 1
             self._outstanding += 1
+            if grammar_constrained:
+                self._grammar_fence = fence
             self._pending.append((fence, graph, fence % FRAMES, staged))
             self._lock.notify_all()
         return fence
@@ -99,6 +109,8 @@ class CpuExecutor:
             completion = self._done.popleft()
             self._outstanding -= 1
             self._completed_fence = completion.fence
+            if self._grammar_fence == completion.fence:
+                self._grammar_fence = 0
             self._lock.notify_all()
             return completion
 

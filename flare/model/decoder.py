@@ -9,6 +9,7 @@ attention function is swapped for a kernel on the GPU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -21,11 +22,37 @@ from .spec import ModelSpec
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionBatch, float], torch.Tensor]
 
 
+def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    residual = residual + x
+    return rms_norm(residual, weight, eps), residual
+
+
+@dataclass(frozen=True)
+class DecoderOps:
+    """The primitive operations of a forward pass; CUDA swaps in Triton kernels."""
+
+    linear: Callable = F.linear
+    rms_norm: Callable = rms_norm
+    add_rms_norm: Callable = _add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
+    apply_rope: Callable = apply_rope
+    silu_mul: Callable = silu_mul
+    attention: AttentionFn = paged_attention_reference
+
+
+def cuda_ops() -> DecoderOps:
+    """Triton kernels for attention and the fused elementwise work; small-batch GEMV linear."""
+    from . import kernels
+
+    return DecoderOps(linear=kernels.linear, rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
+                      apply_rope=kernels.apply_rope, silu_mul=kernels.silu_mul, attention=kernels.paged_attention)
+
+
 class Decoder:
     """Weights plus the forward pass. Holds no per-request state."""
 
     def __init__(self, spec: ModelSpec, weights: Mapping[str, torch.Tensor], *,
-                 max_positions: int, attention: AttentionFn = paged_attention_reference):
+                 max_positions: int, ops: DecoderOps = DecoderOps()):
         self.spec = spec
         self.w = dict(weights)
         self.device = self.w["embed"].device
@@ -33,7 +60,7 @@ class Decoder:
         self.lm_head = self.w.get("lm_head", self.w["embed"])
         cos, sin = rope_table(spec, max_positions, self.device)
         self.rope_cos, self.rope_sin = cos, sin
-        self.attention = attention
+        self.ops = ops
         self.scale = spec.head_dim ** -0.5
         self.layers = [self._layer_weights(i) for i in range(spec.num_layers)]
 
@@ -48,34 +75,36 @@ class Decoder:
 
         tokens: [B, Q] int64; sample_index: [B] int64 (query index per row). -> [B, hidden]
         """
-        spec = self.spec
+        spec, ops = self.spec, self.ops
         b, nq = tokens.shape
         h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        eps = spec.rms_norm_eps
         x = F.embedding(tokens, self.w["embed"])  # [B, Q, hidden]
         cos = self.rope_cos[batch.positions]  # [B, Q, D]
         sin = self.rope_sin[batch.positions]
+        residual = x
+        y = ops.rms_norm(x, self.layers[0]["attn_norm"], eps)
         for i, lw in enumerate(self.layers):
-            residual = x
-            y = rms_norm(x, lw["attn_norm"], spec.rms_norm_eps)
-            qkv = F.linear(y, lw["qkv"], lw["qkv_bias"])
+            qkv = ops.linear(y, lw["qkv"], lw["qkv_bias"])
             q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
             q = q.reshape(b, nq, h, d)
             k = k.reshape(b, nq, hkv, d)
             v = v.reshape(b, nq, hkv, d)
             if spec.qk_norm:
-                q = rms_norm(q, lw["q_norm"], spec.rms_norm_eps)
-                k = rms_norm(k, lw["k_norm"], spec.rms_norm_eps)
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+                q = ops.rms_norm(q, lw["q_norm"], eps)
+                k = ops.rms_norm(k, lw["k_norm"], eps)
+            q = ops.apply_rope(q, cos, sin)
+            k = ops.apply_rope(k, cos, sin)
             write_kv(kv.k[i], kv.v[i], k, v, batch.write_index)
-            attn = self.attention(q, kv.k[i], kv.v[i], batch, self.scale)
-            x = residual + F.linear(attn.reshape(b, nq, h * d), lw["o"])
-            residual = x
-            y = rms_norm(x, lw["mlp_norm"], spec.rms_norm_eps)
-            x = residual + F.linear(silu_mul(F.linear(y, lw["gate_up"])), lw["down"])
-        last = x[torch.arange(b, device=x.device), sample_index]  # [B, hidden]
-        return rms_norm(last, self.w["norm"], spec.rms_norm_eps)
+            attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
+            y, residual = ops.add_rms_norm(ops.linear(attn.reshape(b, nq, h * d), lw["o"]), residual,
+                                           lw["mlp_norm"], eps)
+            x = ops.linear(ops.silu_mul(ops.linear(y, lw["gate_up"])), lw["down"])
+            following = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.w["norm"]
+            y, residual = ops.add_rms_norm(x, residual, following, eps)
+        rows = torch.arange(b, device=y.device)
+        return y[rows, sample_index]  # [B, hidden]: the last layer's add_rms_norm applied the final norm
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, hidden] -> float32 logits [B, V]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.ops.linear(hidden, self.lm_head).float()

@@ -41,6 +41,7 @@ ENGINE_COUNTERS: dict[str, str] = {
     "checkpoint_evictions": "Logical evictions of cached checkpoints.",
     "prompt_tokens": "Prompt tokens consumed by prefill (padding and prefix reuse excluded).",
     "generated_tokens": "Output tokens committed, including EOS and tokens withheld by stop strings.",
+    "device_busy_seconds": "Measured device time of completed steps (CUDA events on a GPU).",
 }
 
 # Engine.stats() gauge keys -> help. Exported as flare_<key>.

@@ -89,6 +89,7 @@ class RuntimeCounters:
     requests_failed: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    device_busy_ns: int = 0  # summed measured durations of completed steps
     launches: dict = field(default_factory=dict)
 
 
@@ -163,6 +164,7 @@ class ModelRuntime:
             "prefix_reused_tokens": c.reused_tokens, "checkpoints_published": c.publications,
             "checkpoint_evictions": c.evictions, "prompt_tokens": self.counters.prompt_tokens,
             "generated_tokens": self.counters.generated_tokens,
+            "device_busy_seconds": self.counters.device_busy_ns * 1e-9,
             "slots_live": s.num_live, "slots_free": s.slots.num_free, "slots_retiring": s.slots.num_retiring,
             "pages_reusable": s.pages.num_free, "snapshots_reusable": s.rows.num_free,
             "checkpoints_cached": c.cached_checkpoints, "pages_cached": c.cached_pages,
@@ -257,6 +259,7 @@ class ModelRuntime:
         if done.error is not None:
             raise done.error
         result = self.scheduler.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+        self.counters.device_busy_ns += done.duration_ns
         self._publish(result, done)
 
     def _publish(self, result: StepResult, done: ExecutionCompletion) -> None:

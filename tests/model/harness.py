@@ -39,21 +39,26 @@ def save_tiny(model, path: Path) -> Path:
 
 
 class Harness:
-    def __init__(self, core_dir: Path, *, max_active: int = 4, kv_bytes: int = 64 << 20):
+    def __init__(self, core_dir: Path, *, max_active: int = 4, kv_bytes: int = 64 << 20, device: str = "cpu"):
         self.core = load_core(core_dir)
-        self.model = load_model(self.core, EngineConfig(device="cpu", max_active=max_active,
+        self.model = load_model(self.core, EngineConfig(device=device, max_active=max_active,
                                                          kv_memory_bytes=kv_bytes))
         self.contract = self.model.contract
         self.programs = self.model.programs
-        self.executor = CpuExecutor(self.programs)
+        if self.model.device.type == "cuda":
+            from flare.execution.cuda import make_cuda_executor
+            self.executor = make_cuda_executor(self.model)
+        else:
+            self.executor = CpuExecutor(self.programs)
         self.inputs = Inputs(self.contract)
         self.next_page = 0
         self.pages: dict[int, list[int]] = {}
 
     @classmethod
-    def export(cls, checkpoint: Path, out: Path, *, context: int = 512, chunk: int = 128, **kw) -> "Harness":
+    def export(cls, checkpoint: Path, out: Path, *, context: int = 512, chunk: int = 128, dtype: str = "float32",
+               **kw) -> "Harness":
         export_core(checkpoint, out, ExportOptions(context=context, prefill_chunk_size=chunk,
-                                                   max_active=kw.get("max_active", 4), dtype="float32"))
+                                                   max_active=kw.get("max_active", 4), dtype=dtype))
         return cls(out, **kw)
 
     def close(self) -> None:
@@ -102,16 +107,19 @@ class Harness:
     def decode(self, slots: list[int]) -> dict[int, int]:
         cap = next(b for b in self.contract.batch_capacities if b >= len(slots))
         for s in slots:
-            consumed = int(self.programs.buffers["slot.position"][s])
+            consumed = self.position(s)
             self.alloc_pages(s, consumed + 2)
         self.inputs.set_rows(slots, cap)
         done = self.run(GraphKind.DECODE, cap)
         return {s: int(done.records[s, REC_TOKEN0]) for s in slots}
 
     def logits(self, slot: int) -> torch.Tensor:
-        """Logits of the slot's last consumed token (the ones its last sample used)."""
+        """Logits of the slot's last consumed token (the ones its last sample used), on the CPU."""
         with torch.inference_mode():
-            return self.model.decoder.logits(self.programs.hidden[slot:slot + 1])[0]
+            return self.model.decoder.logits(self.programs.hidden[slot:slot + 1])[0].float().cpu()
 
     def generated(self, slot: int) -> int:
         return int(self.programs.buffers["slot.generated"][slot])
+
+    def position(self, slot: int) -> int:
+        return int(self.programs.buffers["slot.position"][slot])

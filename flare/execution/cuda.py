@@ -1,0 +1,254 @@
+"""GraphExecutor: two-frame CUDA-graph execution through the driver API.
+
+The step path makes cuda-python driver calls only (no torch ops, no CUDA
+allocation): ``submit`` stages the upload ranges in a pinned input frame,
+enqueues ``cuMemcpyHtoDAsync`` for each range and ``cuGraphLaunch`` on the
+model stream between two timing events, then makes the copy stream wait for
+the launch and queues the completion copies (records, logprobs, top ids of
+the frame's output slot) into a pinned completion frame. ``poll`` returns
+completions in fence order once their copy has finished, then frees the frame.
+
+Two frames are in flight at most; a third submission gets backpressure (an
+ExecutionError: callers check ``can_submit``). Any driver error poisons the
+executor. ``close`` drains both streams before releasing the pinned frames and
+the owner (the object keeping graphs, tensors and the pool alive); when the
+drain cannot be confirmed it keeps them, leaking rather than freeing memory a
+queued kernel may still touch.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import ExecutionError
+from .base import ExecutionCompletion, Upload
+
+FRAMES = 2
+_POLL_SLEEP_S = 0.0002
+
+Progress = Callable[[str], None]
+
+
+def _driver():
+    from cuda.bindings import driver
+    return driver
+
+
+def check(result, what: str):
+    """Unpack a cuda-python result tuple, raising ExecutionError with the CUDA status."""
+    cu = _driver()
+    err = result[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise ExecutionError(f"{what} failed: {err.name} ({int(err)})")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+class _Frame:
+    """One pinned input staging buffer and one pinned completion frame, with their events."""
+
+    def __init__(self, torch, input_bytes: int, outputs: dict[str, tuple[tuple[int, ...], object]]):
+        cu = _driver()
+        self.staging = torch.empty(max(input_bytes, 64), dtype=torch.uint8, pin_memory=True)
+        self.staging_np = self.staging.numpy()
+        self.staging_ptr = self.staging.data_ptr()
+        self.outputs = {name: torch.empty(shape, dtype=dtype, pin_memory=True)
+                        for name, (shape, dtype) in outputs.items()}
+        timed = cu.CUevent_flags.CU_EVENT_DEFAULT
+        untimed = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self.start = check(cu.cuEventCreate(timed), "cuEventCreate")
+        self.end = check(cu.cuEventCreate(timed), "cuEventCreate")
+        self.copied = check(cu.cuEventCreate(untimed), "cuEventCreate")
+
+    def destroy(self) -> None:
+        cu = _driver()
+        for event in (self.start, self.end, self.copied):
+            cu.cuEventDestroy(event)
+
+
+class GraphExecutor:
+    """The executor interface (flare.execution.base) over captured CUDA graphs."""
+
+    def __init__(self, owner, contract, buffers: dict, graph_execs: Sequence[int]):
+        import torch
+
+        cu = _driver()
+        self.contract = contract
+        self._owner = owner  # keeps graphs, captured tensors and the memory pool alive
+        self._execs = [cu.CUgraphExec(int(h)) for h in graph_execs]
+        if len(set(int(h) for h in graph_execs)) != len(graph_execs):
+            raise ExecutionError("graph executables are not unique")
+        self._dev = {name: (t.data_ptr(), t.numel() * t.element_size()) for name, t in buffers.items()}
+        self._frame_buffer = buffers["step.frame"]
+        flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        self.model_stream = check(cu.cuStreamCreate(flags), "cuStreamCreate")
+        self.copy_stream = check(cu.cuStreamCreate(flags), "cuStreamCreate")
+        input_bytes = sum(size for name, (_, size) in self._dev.items() if not name.startswith("out."))
+        outputs = {}
+        for name in ("out.records", "out.logprobs", "out.top_ids"):
+            t = buffers[name]
+            outputs[name] = (tuple(t.shape[1:]), t.dtype)
+        self._out_dev = {name: (buffers[name].data_ptr(), buffers[name][0].numel() * buffers[name].element_size())
+                         for name in outputs}
+        self._frames = [_Frame(torch, input_bytes + 64, outputs) for _ in range(FRAMES)]
+        self._frame_values = [np.array([i], dtype=np.int64) for i in range(FRAMES)]
+        self._pending: collections.deque = collections.deque()  # (fence, graph_index, frame index)
+        self._free = collections.deque(range(FRAMES))
+        self._next_fence = 1
+        self._completed_fence = 0
+        self._poison: ExecutionError | None = None
+        self._grammar_fence = 0  # in-flight grammar-constrained step (0: none)
+        self._closed = False
+        self.drained = False
+
+    # -- interface ---------------------------------------------------------------
+
+    @property
+    def next_fence(self) -> int:
+        return self._next_fence
+
+    @property
+    def completed_fence(self) -> int:
+        return self._completed_fence
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def can_submit(self) -> bool:
+        return (bool(self._free) and self._poison is None and not self._closed
+                and self._grammar_fence == 0)
+
+    def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
+        """Enqueue one graph; returns its fence. A grammar-constrained submission needs an empty
+        window and blocks further submissions until its completion has been polled."""
+        if self._poison is not None:
+            raise ExecutionError(f"executor is poisoned: {self._poison}")
+        if self._closed:
+            raise ExecutionError("executor is closed")
+        if self._grammar_fence:
+            raise ExecutionError(f"a grammar-constrained step (fence {self._grammar_fence}) must complete first")
+        if grammar_constrained and self._pending:
+            raise ExecutionError("a grammar-constrained step needs an empty window")
+        if not self._free:
+            raise ExecutionError("both frames are in flight; poll before submitting again")
+        cu = _driver()
+        index = self._free[0]
+        frame = self._frames[index]
+        # Validate every range before touching the frame.
+        pos = 0
+        plan = []
+        for name, offset, data in uploads:
+            dev = self._dev.get(name)
+            if dev is None or name.startswith("out."):
+                raise ExecutionError(f"upload names unknown input buffer {name!r}")
+            size = data.nbytes if isinstance(data, memoryview) else len(data)
+            if offset < 0 or offset + size > dev[1]:
+                raise ExecutionError(f"upload to {name} [{offset}, {offset + size}) exceeds its {dev[1]} bytes")
+            if pos + size > frame.staging_np.shape[0] - 8:
+                raise ExecutionError("uploads exceed the input frame")
+            plan.append((dev[0] + offset, pos, size, data))
+            pos += size
+        fence = self._next_fence
+        try:
+            stream = self.model_stream
+            staging = frame.staging_np
+            for dst, at, size, data in plan:
+                staging[at:at + size] = np.frombuffer(data, dtype=np.uint8)
+                check(cu.cuMemcpyHtoDAsync(dst, frame.staging_ptr + at, size, stream), "cuMemcpyHtoDAsync")
+            staging[pos:pos + 8] = self._frame_values[index].view(np.uint8)
+            check(cu.cuMemcpyHtoDAsync(self._dev["step.frame"][0], frame.staging_ptr + pos, 8, stream),
+                  "cuMemcpyHtoDAsync")
+            check(cu.cuEventRecord(frame.start, stream), "cuEventRecord")
+            check(cu.cuGraphLaunch(self._execs[graph_index], stream), "cuGraphLaunch")
+            check(cu.cuEventRecord(frame.end, stream), "cuEventRecord")
+            copy = self.copy_stream
+            check(cu.cuStreamWaitEvent(copy, frame.end, 0), "cuStreamWaitEvent")
+            for name, (base, size) in self._out_dev.items():
+                check(cu.cuMemcpyDtoHAsync(frame.outputs[name].data_ptr(), base + index * size, size, copy),
+                      "cuMemcpyDtoHAsync")
+            check(cu.cuEventRecord(frame.copied, copy), "cuEventRecord")
+        except ExecutionError as exc:
+            self._poison = exc
+            raise
+        self._free.popleft()
+        self._next_fence += 1
+        self._pending.append((fence, graph_index, index))
+        if grammar_constrained:
+            self._grammar_fence = fence
+        return fence
+
+    def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
+        if not self._pending:
+            return None
+        cu = _driver()
+        fence, graph_index, index = self._pending[0]
+        frame = self._frames[index]
+        deadline = time.monotonic() + timeout
+        while True:
+            status = cu.cuEventQuery(frame.copied)[0]
+            if status == cu.CUresult.CUDA_SUCCESS:
+                break
+            if status != cu.CUresult.CUDA_ERROR_NOT_READY:
+                error = ExecutionError(f"step at fence {fence} failed on the device: {status.name}")
+                self._poison = error
+                self._pending.popleft()
+                self._free.append(index)
+                return ExecutionCompletion(fence, graph_index, np.zeros(0), np.zeros(0), np.zeros(0), 0, error)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(_POLL_SLEEP_S)
+        ms = check(cu.cuEventElapsedTime(frame.start, frame.end), "cuEventElapsedTime")
+        out = frame.outputs
+        completion = ExecutionCompletion(fence, graph_index, out["out.records"].numpy().copy(),
+                                         out["out.logprobs"].numpy().copy(), out["out.top_ids"].numpy().copy(),
+                                         int(ms * 1e6))
+        self._pending.popleft()
+        self._free.append(index)
+        self._completed_fence = fence
+        if self._grammar_fence == fence:
+            self._grammar_fence = 0
+        return completion
+
+    def close(self) -> None:
+        """Drain both streams, then release frames and the owner. Idempotent.
+
+        If the drain cannot be confirmed, the frames and the owner are retained
+        (leaked) rather than freed under a kernel that may still use them.
+        """
+        if self._closed and self.drained:
+            return
+        self._closed = True
+        cu = _driver()
+        ok = True
+        for stream in (self.model_stream, self.copy_stream):
+            if cu.cuStreamSynchronize(stream)[0] != cu.CUresult.CUDA_SUCCESS:
+                ok = False
+        if not ok:
+            raise ExecutionError("could not confirm that the CUDA streams drained; retaining device resources")
+        self.drained = True
+        self._pending.clear()
+        for frame in self._frames:
+            frame.destroy()
+        self._frames = []
+        cu.cuStreamDestroy(self.model_stream)
+        cu.cuStreamDestroy(self.copy_stream)
+        self._owner = None
+
+    def __del__(self):
+        try:
+            if not self.drained:
+                self.close()
+        except Exception:  # noqa: BLE001 - a destructor must not raise; resources stay retained
+            pass
+
+
+def make_cuda_executor(loaded, progress: Progress | None = None) -> GraphExecutor:
+    """Capture every graph of a loaded model and wrap them in a GraphExecutor."""
+    from ..model.capture import capture_graphs
+
+    owner = capture_graphs(loaded.programs, progress)
+    return GraphExecutor(owner, loaded.contract, loaded.programs.buffers, owner.exec_handles)

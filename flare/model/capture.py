@@ -1,0 +1,75 @@
+"""CUDA graph capture of every graph a contract declares.
+
+Capture happens at load (graphs cannot be serialized): warm-up runs each
+program once on a side stream, then every graph is captured from the largest
+shape down into one shared memory pool, so the big shapes size the pool and
+the smaller ones reuse it. Everything a program keeps between steps lives in
+persistent buffers allocated before capture (slot state, KV pages, snapshot
+rows, outputs); only intermediates come from the pool, and graphs replay
+serialized on one stream, so their pooled intermediates never overlap in time.
+
+The returned :class:`CapturedGraphs` owns the graphs, the pool and the
+programs; the executor holds it until its streams have drained.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .contract import GraphKind
+from .programs import StepPrograms
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class CapturedGraphs:
+    programs: StepPrograms
+    graphs: list  # torch.cuda.CUDAGraph per contract graph index
+    pool: object
+    exec_handles: list[int] = field(default_factory=list)
+    capture_s: float = 0.0
+
+
+def _size(graph) -> tuple[int, int]:
+    return (graph.batch * graph.tokens, int(graph.kind == GraphKind.PREFILL))
+
+
+def use_kernels(programs: StepPrograms) -> None:
+    """Switch the decoder to the Triton paged-attention kernels (CUDA only)."""
+    from .kernels import paged_attention
+
+    programs.decoder.attention = paged_attention
+
+
+def capture_graphs(programs: StepPrograms, progress: Progress | None = None, *,
+                   warmup: int = 2) -> CapturedGraphs:
+    if programs.device.type != "cuda":
+        raise ValueError("CUDA graphs need a CUDA device")
+    use_kernels(programs)
+    contract = programs.contract
+    order = sorted(contract.graphs, key=_size, reverse=True)
+    stream = torch.cuda.Stream(programs.device)
+    start = time.perf_counter()
+    stream.wait_stream(torch.cuda.current_stream(programs.device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for g in order:
+                programs.run(g)
+    torch.cuda.synchronize(programs.device)
+    pool = torch.cuda.graph_pool_handle()
+    graphs: list = [None] * len(contract.graphs)
+    for n, g in enumerate(order, 1):
+        cuda_graph = torch.cuda.CUDAGraph(keep_graph=False)
+        with torch.cuda.graph(cuda_graph, pool=pool, stream=stream):
+            programs.run(g)
+        graphs[g.index] = cuda_graph
+        if progress and (n % 8 == 0 or n == len(order)):
+            progress(f"captured {n}/{len(order)} CUDA graphs")
+    torch.cuda.synchronize(programs.device)
+    handles = [int(cg.raw_cuda_graph_exec()) for cg in graphs]
+    return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start)

@@ -1,0 +1,180 @@
+"""GraphExecutor on real captured graphs: the spec's two-frame executor cases."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from flare.errors import ExecutionError
+from flare.model.contract import REC_CONSUMED, REC_SLOT, REC_TOKEN0, GraphKind
+from flare.request import SamplingParams
+from tests.model.harness import Harness, save_tiny
+from tests.model.test_parity_tiny import _make, _prompt
+
+
+@pytest.fixture(scope="module")
+def h(tmp_path_factory):
+    ckpt = save_tiny(_make("llama"), tmp_path_factory.mktemp("ckpt"))
+    harness = Harness.export(ckpt, tmp_path_factory.mktemp("core") / "core", context=1024, chunk=128,
+                             device="cuda", max_active=8)
+    yield harness
+    harness.executor.close()
+
+
+def _ready(h, slots):
+    for s in slots:
+        h.admit(s, generation=100 + s)
+        h.prefill(s, _prompt(s, 20 + s), 0, [20 + s])
+
+
+def test_physical_slot_scatter(h):
+    _ready(h, [3, 7])
+    before = h.executor  # records of slots outside the cohort keep their previous frame contents
+    out = h.decode([3, 7])
+    assert set(out) == {3, 7}
+    done_slots = []
+    h.inputs.set_rows([7, 3], 2)  # reversed row order scatters to the same physical rows
+    graph = h.contract.graph(GraphKind.DECODE, 2)
+    h.executor.submit(graph.index, h.inputs.take())
+    done = h.executor.poll(timeout=30)
+    assert done.records[3, REC_SLOT] == 3 and done.records[7, REC_SLOT] == 7
+    assert done.records[3, REC_CONSUMED] == h.position(3) and done.records[7, REC_CONSUMED] == h.position(7)
+    assert before is h.executor
+
+
+def test_graph_capacities_agree(h):
+    """The same two requests decoded in b=2, b=4 and b=8 graphs produce the same tokens."""
+    results = []
+    for cap in (2, 4, 8):
+        _ready(h, [1, 2])
+        tokens = []
+        for _ in range(4):
+            h.inputs.set_rows([1, 2], cap)
+            h.executor.submit(h.contract.graph(GraphKind.DECODE, cap).index, h.inputs.take())
+            done = h.executor.poll(timeout=30)
+            tokens.append((int(done.records[1, REC_TOKEN0]), int(done.records[2, REC_TOKEN0])))
+        results.append(tokens)
+    assert results[0] == results[1] == results[2]
+
+
+def test_partial_uploads_change_only_their_range(h):
+    table = h.programs.buffers["slot.page_table"]
+    before = table.clone()
+    h.inputs.set_pages(5, 3, [40, 41])
+    graph = h.contract.graph(GraphKind.DECODE, 1)
+    h.inputs.set_rows([0], 1)  # a padding-only step: uploads still apply
+    h.executor.submit(graph.index, h.inputs.take())
+    assert h.executor.poll(timeout=30).error is None
+    after = table.clone()
+    changed = (after != before).nonzero().tolist()
+    assert changed == [[5, 3], [5, 4]] and after[5, 3] == 41 and after[5, 4] == 42
+
+
+def test_two_frames_then_backpressure_and_order(h):
+    _ready(h, [1])
+    graph = h.contract.graph(GraphKind.DECODE, 1)
+    h.inputs.set_rows([1], 1)
+    f1 = h.executor.submit(graph.index, h.inputs.take())
+    f2 = h.executor.submit(graph.index, h.inputs.take())
+    assert h.executor.outstanding == 2 and not h.executor.can_submit()
+    with pytest.raises(ExecutionError, match="frames"):
+        h.executor.submit(graph.index, [])
+    d1 = h.executor.poll(timeout=30)
+    d2 = h.executor.poll(timeout=30)
+    assert (d1.fence, d2.fence) == (f1, f2)
+    assert d2.records[1, REC_CONSUMED] == d1.records[1, REC_CONSUMED] + 1  # resident state advanced
+    assert d1.duration_ns > 0
+
+
+def test_grammar_submission_serializes(h):
+    graph = h.contract.graph(GraphKind.DECODE, 1)
+    h.inputs.set_rows([0], 1)
+    h.executor.submit(graph.index, h.inputs.take())
+    with pytest.raises(ExecutionError, match="empty window"):
+        h.executor.submit(graph.index, [], grammar_constrained=True)
+    h.executor.poll(timeout=30)
+    h.executor.submit(graph.index, [], grammar_constrained=True)
+    assert not h.executor.can_submit()
+    with pytest.raises(ExecutionError, match="grammar"):
+        h.executor.submit(graph.index, [])
+    h.executor.poll(timeout=30)
+    assert h.executor.can_submit()
+
+
+def test_changed_resident_inputs_take_effect(h):
+    """Uploading a new sampling row between steps changes what the next step samples."""
+    _ready(h, [2])
+    graph = h.contract.graph(GraphKind.DECODE, 1)
+    h.inputs.set_rows([2], 1)
+    greedy = []
+    for _ in range(3):
+        h.executor.submit(graph.index, h.inputs.take())
+        greedy.append(int(h.executor.poll(timeout=30).records[2, REC_TOKEN0]))
+    _ready(h, [2])
+    h.inputs.admit_slot(2, generation=102, position=h.position(2), seed=7,
+                        params=SamplingParams(temperature=50.0, top_k=0))
+    sampled = []
+    for _ in range(3):
+        h.executor.submit(graph.index, h.inputs.take())
+        sampled.append(int(h.executor.poll(timeout=30).records[2, REC_TOKEN0]))
+    assert sampled != greedy
+
+
+def test_rejected_uploads_leave_the_executor_usable(h):
+    graph = h.contract.graph(GraphKind.DECODE, 1)
+    with pytest.raises(ExecutionError, match="unknown"):
+        h.executor.submit(graph.index, [("no.such.buffer", 0, b"\0" * 8)])
+    with pytest.raises(ExecutionError, match="exceeds"):
+        h.executor.submit(graph.index, [("step.slots", 10 ** 6, b"\0" * 8)])
+    with pytest.raises(ExecutionError):
+        h.executor.submit(graph.index, [("out.records", 0, b"\0" * 8)])
+    assert h.executor.can_submit() and h.executor.outstanding == 0
+    h.inputs.set_rows([0], 1)
+    h.executor.submit(graph.index, h.inputs.take())
+    assert h.executor.poll(timeout=30).error is None
+
+
+def _fresh_executor(tmp_path):
+    from flare.execution.cuda import GraphExecutor
+    from flare.model.capture import capture_graphs
+
+    ckpt = save_tiny(_make("qwen3"), tmp_path / "ckpt")
+    harness = Harness.export(ckpt, tmp_path / "core", context=256, chunk=64, device="cuda", max_active=2)
+    harness.executor.close()
+    owner = capture_graphs(harness.programs)
+    return harness, GraphExecutor(owner, harness.contract, harness.programs.buffers, owner.exec_handles), owner
+
+
+def test_owner_retained_until_close_drains(tmp_path):
+    harness, ex, owner = _fresh_executor(tmp_path)
+    ref = weakref.ref(owner)
+    del owner
+    graph = harness.contract.graph(GraphKind.DECODE, 1)
+    for _ in range(2):
+        ex.submit(graph.index, [])
+    gc.collect()
+    assert ref() is not None  # queued work still references captured memory
+    ex.close()
+    assert ex.drained and ex.outstanding == 0
+    harness.programs = harness.model = None
+    gc.collect()
+    assert ref() is None
+    ex.close()  # idempotent
+
+
+def test_destructor_drains(tmp_path):
+    harness, ex, owner = _fresh_executor(tmp_path)
+    ref = weakref.ref(owner)
+    del owner
+    graph = harness.contract.graph(GraphKind.DECODE, 1)
+    ex.submit(graph.index, [])
+    del ex
+    gc.collect()
+    torch.cuda.synchronize()
+    harness.programs = harness.model = None
+    gc.collect()
+    assert ref() is None
