@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .config import EngineConfig, PolicyConfig
+from .config import EngineConfig
 from .core.format import Core, load_core
 from .errors import ExecutionError
 from .request import ErrorEvent, Event, FinishEvent, PreparedPrompt, SamplingParams

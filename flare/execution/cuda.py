@@ -19,6 +19,7 @@ queued kernel may still touch.
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -57,8 +58,8 @@ class _Frame:
         self.staging_ptr = self.staging.data_ptr()
         self.outputs = {name: torch.empty(shape, dtype=dtype, pin_memory=True)
                         for name, (shape, dtype) in outputs.items()}
-        timed = cu.CUevent_flags.CU_EVENT_DEFAULT
-        untimed = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        timed = int(cu.CUevent_flags.CU_EVENT_DEFAULT)
+        untimed = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
         self.start = check(cu.cuEventCreate(timed), "cuEventCreate")
         self.end = check(cu.cuEventCreate(timed), "cuEventCreate")
         self.copied = check(cu.cuEventCreate(untimed), "cuEventCreate")
@@ -77,13 +78,17 @@ class GraphExecutor:
 
         cu = _driver()
         self.contract = contract
+        # NOTE: driver calls need the context current on the calling thread; the runtime
+        # calls from its own model thread, so every entry point makes it current once.
+        self._context = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        self._context_threads = {threading.get_ident()}
         self._owner = owner  # keeps graphs, captured tensors and the memory pool alive
         self._execs = [cu.CUgraphExec(int(h)) for h in graph_execs]
         if len(set(int(h) for h in graph_execs)) != len(graph_execs):
             raise ExecutionError("graph executables are not unique")
         self._dev = {name: (t.data_ptr(), t.numel() * t.element_size()) for name, t in buffers.items()}
         self._frame_buffer = buffers["step.frame"]
-        flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        flags = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self.model_stream = check(cu.cuStreamCreate(flags), "cuStreamCreate")
         self.copy_stream = check(cu.cuStreamCreate(flags), "cuStreamCreate")
         input_bytes = sum(size for name, (_, size) in self._dev.items() if not name.startswith("out."))
@@ -122,9 +127,16 @@ class GraphExecutor:
         return (bool(self._free) and self._poison is None and not self._closed
                 and self._grammar_fence == 0)
 
+    def _bind(self) -> None:
+        thread = threading.get_ident()
+        if thread not in self._context_threads:
+            check(_driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+            self._context_threads.add(thread)
+
     def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
         """Enqueue one graph; returns its fence. A grammar-constrained submission needs an empty
         window and blocks further submissions until its completion has been polled."""
+        self._bind()
         if self._poison is not None:
             raise ExecutionError(f"executor is poisoned: {self._poison}")
         if self._closed:
@@ -184,6 +196,7 @@ class GraphExecutor:
     def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
         if not self._pending:
             return None
+        self._bind()
         cu = _driver()
         fence, graph_index, index = self._pending[0]
         frame = self._frames[index]
@@ -222,6 +235,7 @@ class GraphExecutor:
         if self._closed and self.drained:
             return
         self._closed = True
+        self._bind()
         cu = _driver()
         ok = True
         for stream in (self.model_stream, self.copy_stream):

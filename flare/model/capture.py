@@ -40,10 +40,25 @@ def _size(graph) -> tuple[int, int]:
 
 
 def use_kernels(programs: StepPrograms) -> None:
-    """Switch the decoder to the Triton paged-attention kernels (CUDA only)."""
-    from .kernels import paged_attention
+    """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV)."""
+    from .decoder import cuda_ops
 
-    programs.decoder.attention = paged_attention
+    programs.decoder.ops = cuda_ops()
+
+
+def _new_graph():
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=False)
+    except TypeError:  # older torch: no keep_graph argument
+        return torch.cuda.CUDAGraph()
+
+
+def _exec_handle(graph) -> int:
+    handle = graph.raw_cuda_graph_exec()
+    try:
+        return int(handle)
+    except TypeError as exc:
+        raise TypeError(f"raw_cuda_graph_exec() returned {type(handle).__name__}, not an address") from exc
 
 
 def capture_graphs(programs: StepPrograms, progress: Progress | None = None, *,
@@ -64,12 +79,12 @@ def capture_graphs(programs: StepPrograms, progress: Progress | None = None, *,
     pool = torch.cuda.graph_pool_handle()
     graphs: list = [None] * len(contract.graphs)
     for n, g in enumerate(order, 1):
-        cuda_graph = torch.cuda.CUDAGraph(keep_graph=False)
+        cuda_graph = _new_graph()
         with torch.cuda.graph(cuda_graph, pool=pool, stream=stream):
             programs.run(g)
         graphs[g.index] = cuda_graph
         if progress and (n % 8 == 0 or n == len(order)):
             progress(f"captured {n}/{len(order)} CUDA graphs")
     torch.cuda.synchronize(programs.device)
-    handles = [int(cg.raw_cuda_graph_exec()) for cg in graphs]
+    handles = [_exec_handle(cg) for cg in graphs]
     return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start)

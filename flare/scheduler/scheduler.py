@@ -51,7 +51,7 @@ from ..request import PreparedPrompt, SamplingParams
 from .errors import CapacityError, CompletionError, StalePlanError, UnknownRequestError
 from .live import LiveRequest, SlotTable
 from .plan import (
-    Admission, CommittedStep, Ended, Phase, PageUpload, RowArrays, ScheduledPlan, StepResult,
+    Admission, CommittedStep, Ended, Phase, PageUpload, ScheduledPlan, StepResult,
 )
 from .policy import Selection
 from .resources import IdPool

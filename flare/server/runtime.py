@@ -26,8 +26,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
-import numpy as np
-
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
 from ..model.contract import GraphKind

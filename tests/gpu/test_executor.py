@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import weakref
 
-import numpy as np
 import pytest
 import torch
 
@@ -32,18 +31,17 @@ def _ready(h, slots):
 
 
 def test_physical_slot_scatter(h):
+    """Rows of a batch scatter their records to their physical slots, whatever the row order."""
     _ready(h, [3, 7])
-    before = h.executor  # records of slots outside the cohort keep their previous frame contents
     out = h.decode([3, 7])
     assert set(out) == {3, 7}
-    done_slots = []
-    h.inputs.set_rows([7, 3], 2)  # reversed row order scatters to the same physical rows
+    h.inputs.set_rows([7, 3], 2)
     graph = h.contract.graph(GraphKind.DECODE, 2)
     h.executor.submit(graph.index, h.inputs.take())
     done = h.executor.poll(timeout=30)
     assert done.records[3, REC_SLOT] == 3 and done.records[7, REC_SLOT] == 7
     assert done.records[3, REC_CONSUMED] == h.position(3) and done.records[7, REC_CONSUMED] == h.position(7)
-    assert before is h.executor
+    assert done.records[5, REC_SLOT] in (0, 5)  # a slot outside the cohort is untouched
 
 
 def test_graph_capacities_agree(h):

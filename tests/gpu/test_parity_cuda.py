@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.model.harness import Harness, save_tiny
-from tests.model.test_parity_tiny import VOCAB, _make, _prompt, _reference
+from tests.model.test_parity_tiny import _make, _prompt, _reference
 
 STEPS = 64
 

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""GPU speed figures (issue 8) in one process, beside transformers on the same GPU.
+
+1. Make a random-weight bf16 checkpoint of a real shape (default Llama-3-8B) on the
+   GPU and export it as a Flare core (skipped when they already exist).
+2. transformers, same weights: teacher-forced next-token argmaxes over a random
+   sequence, and `generate` with a static cache at batch 1 and 64 (prompt 128, 128
+   new tokens), per-step time = (long run - 1-token run) / 127.
+3. Flare: load the core with CUDA graphs; teacher-forced agreement (eager forward
+   with the serving kernels); batch 1 and batch 64 decode through the runtime, with
+   the per-step device time from CUDA events (the scheduler's median estimate) and
+   the wall time per step; the HBM floor for the bytes a decode step reads.
+4. Serving through HTTP: the same loaded model behind the real server, driven by
+   tools/bench_serving.py (random prompts 1,024 in, 256 out, 256 requests, concurrency
+   64); device busy fraction = measured step time / wall time over the run.
+
+Prints a table, then one JSON line with bs1_ms_per_step, bs1_floor_ms,
+bs1_hf_ms_per_step, bs64_tok_s, bs64_hf_tok_s, serving_output_tok_s,
+serving_ttft_p50_ms, serving_itl_p50_ms, gpu_busy_fraction (and more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SHAPES = {
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                      max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "llama-1b-test": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=4,
+                          num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                          max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False),
+}
+COPY_CEILING_BPS = 4.27e12  # measured device-to-device copy on the H200 (shared/DEVICE.md)
+RESULTS: dict = {}
+
+
+def log(message: str) -> None:
+    print(f"[bench_gpu {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def save_results(out: Path | None) -> None:
+    if out is not None:
+        (out / "bench_gpu.json").write_text(json.dumps(RESULTS, indent=2))
+
+
+def make_checkpoint(path: Path, shape: str, tokenizer: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    if (path / "config.json").exists():
+        return
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    config = LlamaConfig(**SHAPES[shape], torch_dtype="bfloat16")
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path, max_shard_size="4GB")
+    shutil.copyfile(tokenizer, path / "tokenizer.json")
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 128001}))
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    log(f"random {shape} checkpoint written in {time.perf_counter() - t0:.1f} s")
+
+
+def export(checkpoint: Path, core: Path, context: int) -> None:
+    from flare.core.export import ExportOptions, export_core
+    if (core / "core.json").exists():
+        return
+    t0 = time.perf_counter()
+    export_core(checkpoint, core, ExportOptions(context=context, max_active=64, prefill_chunk_size=512,
+                                                served_names=("bench",), dtype="bfloat16"), log)
+    log(f"core exported in {time.perf_counter() - t0:.1f} s")
+
+
+def hf_part(checkpoint: Path, seq: torch.Tensor, compile_hf: bool) -> None:
+    from transformers import AutoModelForCausalLM
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16, device_map="cuda",
+                                                 attn_implementation="sdpa").eval()
+    log(f"transformers loaded in {time.perf_counter() - t0:.1f} s")
+    with torch.no_grad():
+        RESULTS["hf_argmax"] = model(seq.cuda()[None]).logits[0].argmax(-1).tolist()
+    if not compile_hf:
+        model.generation_config.disable_compile = True
+    rng = torch.Generator().manual_seed(1)
+    for batch in (1, 64):
+        ids = torch.randint(1000, 120000, (batch, 128), generator=rng).cuda()
+
+        def gen(n: int, model=model, ids=ids) -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, cache_implementation="static", pad_token_id=0)
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        t0 = time.perf_counter()
+        gen(8)  # warm-up (and compilation, when enabled)
+        gen(129)
+        log(f"transformers batch {batch} warm-up {time.perf_counter() - t0:.1f} s")
+        long, short = min(gen(129) for _ in range(2)), min(gen(1) for _ in range(2))
+        per_step = (long - short) / 128
+        RESULTS[f"bs{batch}_hf_ms_per_step"] = round(per_step * 1e3, 3)
+        RESULTS[f"bs{batch}_hf_tok_s"] = round(batch / per_step, 1)
+        log(f"transformers batch {batch}: {per_step * 1e3:.2f} ms/step, {batch / per_step:.0f} tok/s")
+    RESULTS["hf_compiled"] = compile_hf
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def teacher_forced(model, seq: torch.Tensor) -> None:
+    """Our serving kernels, eagerly over the whole sequence; argmax at every position."""
+    from flare.model.attention import AttentionBatch
+    programs = model.loaded.programs
+    decoder = programs.decoder
+    t = seq.shape[0]
+    pages = torch.arange(1, t // 64 + 2, device="cuda")  # physical pages 1.. (scratch is 0)
+    positions = torch.arange(t, device="cuda")[None]
+    batch = AttentionBatch(positions=positions, write_index=(pages[positions // 64] * 64 + positions % 64),
+                           page_table=pages[None], kv_lens=torch.tensor([t], device="cuda"))
+    with torch.inference_mode():
+        hidden = decoder.forward(seq.cuda()[None], batch, programs.kv, torch.arange(t, device="cuda")[None])
+        ours = decoder.logits(hidden[0]).argmax(-1).tolist()
+    ref = RESULTS.pop("hf_argmax")
+    agree = sum(a == b for a, b in zip(ours, ref)) / len(ref)
+    RESULTS["teacher_forced_agreement"] = round(agree, 4)
+    log(f"teacher-forced next-token argmax agreement with transformers: {agree:.4f} over {len(ref)} positions")
+
+
+def decode_runs(model) -> None:
+    from flare.model.contract import GraphKind
+    from flare.request import PreparedPrompt, SamplingParams, TokenEvent
+
+    sched = model.runtime.scheduler
+    contract = model.loaded.contract
+    spec = model.core.recipe
+    rng = np.random.default_rng(2)
+    for batch in (1, 64):
+        times: dict[int, list[float]] = {}
+        done = threading.Event()
+        finished = [0]
+
+        def make_sink(i, times=times, done=done, finished=finished, batch=batch):
+            def sink(event):
+                if isinstance(event, TokenEvent):
+                    times.setdefault(i, []).append(time.perf_counter())
+                else:  # FinishEvent or ErrorEvent ends the request
+                    finished[0] += 1
+                    if finished[0] == batch:
+                        done.set()
+            return sink
+
+        for _ in range(2):  # the first round measures and warms every graph it uses
+            times.clear()
+            finished[0] = 0
+            done.clear()
+            for i in range(batch):
+                prompt = PreparedPrompt(rng.integers(1000, 120000, 128).astype(np.int32))
+                model.submit(prompt, SamplingParams(max_tokens=129, temperature=0.0, ignore_eos=True), make_sink(i))
+            if not done.wait(600):
+                raise RuntimeError("decode run did not finish")
+        graph = contract.graph(GraphKind.DECODE, contract.batch_capacities[[b >= batch for b in
+                                                                           contract.batch_capacities].index(True)])
+        device_ms = sched.timing.estimate_ns(graph.index) / 1e6
+        gaps = [b - a for ts in times.values() for a, b in zip(ts[len(ts) // 4:], ts[len(ts) // 4 + 1:])]
+        wall_ms = float(np.median(gaps)) * 1e3
+        RESULTS[f"bs{batch}_ms_per_step"] = round(device_ms, 3)
+        RESULTS[f"bs{batch}_wall_ms_per_step"] = round(wall_ms, 3)
+        RESULTS[f"bs{batch}_tok_s"] = round(batch / (wall_ms / 1e3), 1)
+        log(f"flare batch {batch}: {device_ms:.3f} ms/step on the device (CUDA events), {wall_ms:.3f} ms/step wall, "
+            f"{batch / (wall_ms / 1e3):.0f} tok/s")
+    # bytes a decode step must read: every weight but the embedding table (one row), plus the KV
+    weight_bytes = (spec.num_params - spec.vocab_size * spec.hidden_size) * 2
+    kv_bytes = 2 * spec.num_layers * 192 * spec.num_kv_heads * spec.head_dim * 2  # ~192 cached positions
+    floor = (weight_bytes + kv_bytes) / COPY_CEILING_BPS * 1e3
+    RESULTS["bs1_floor_ms"] = round(floor, 3)
+    RESULTS["bs1_vs_floor"] = round(RESULTS["bs1_ms_per_step"] / floor, 3)
+    log(f"HBM floor for a batch-1 step ({(weight_bytes + kv_bytes) / 1e9:.2f} GB at 4.27 TB/s): {floor:.3f} ms "
+        f"-> {RESULTS['bs1_vs_floor']:.3f}x")
+
+
+def serving(model, core: Path, args) -> None:
+    from flare.config import ServerConfig
+    from flare.server.native_engine import NativeEngine, load_frontend
+    from flare.server.session import Server
+
+    engine = NativeEngine(model, load_frontend(model.core), ("bench",))
+    session = Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=512, log_level="warning"))
+    try:
+        busy0 = engine.stats()["device_busy_seconds"]
+        t0 = time.perf_counter()
+        run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
+                              "--url", session.base_url, "--model", "bench", "--requests", str(args.requests),
+                              "--concurrency", "64", "--input-len", "1024", "--output-len", "256",
+                              "--vocab", "120000"], capture_output=True, text=True, timeout=600)
+        wall = time.perf_counter() - t0
+        busy = engine.stats()["device_busy_seconds"] - busy0
+        print(run.stdout.strip().splitlines()[0] if run.stdout else run.stderr[-2000:], flush=True)
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        RESULTS.update({f"serving_{k}": v for k, v in result.items() if k not in ("errors",)})
+        RESULTS["serving_errors"] = result.get("errors")
+        RESULTS["gpu_busy_fraction"] = round(busy / wall, 3)
+        log(f"serving: {result['output_tok_s']} output tok/s, device busy {busy / wall:.1%} of {wall:.1f} s")
+    finally:
+        session.close(grace_s=1.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/flare-bench"))
+    parser.add_argument("--tokenizer", type=Path, required=True, help="a Llama 3 tokenizer.json")
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache forward")
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    args = parser.parse_args()
+    from flare.config import EngineConfig
+    from flare.native import NativeModel
+
+    RESULTS.update(shape=args.shape, device=torch.cuda.get_device_name(), torch=torch.__version__)
+    ckpt, core = args.workdir / f"{args.shape}-hf", args.workdir / f"{args.shape}-core"
+    make_checkpoint(ckpt, args.shape, args.tokenizer)
+    export(ckpt, core, args.context)
+    seq = torch.randint(1000, 120000, (512,), generator=torch.Generator().manual_seed(3))
+    if not args.skip_hf:
+        hf_part(ckpt, seq, args.hf_compile)
+        save_results(args.out)
+    t0 = time.perf_counter()
+    model = NativeModel.load(core, EngineConfig(device="cuda", max_active=64), progress=log)
+    RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
+    log(f"flare loaded and captured in {RESULTS['load_and_capture_s']} s")
+    try:
+        if "hf_argmax" in RESULTS:
+            teacher_forced(model, seq)
+        decode_runs(model)
+        save_results(args.out)
+        if not args.skip_serving:
+            serving(model, core, args)
+    finally:
+        save_results(args.out)
+        model.close()
+    keys = ["bs1_ms_per_step", "bs1_floor_ms", "bs1_vs_floor", "bs1_hf_ms_per_step", "bs64_ms_per_step",
+            "bs64_tok_s", "bs64_hf_tok_s", "teacher_forced_agreement", "serving_output_tok_s",
+            "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
+            "gpu_busy_fraction"]
+    for k in keys:
+        print(f"{k:>28}: {RESULTS.get(k)}")
+    print(json.dumps(RESULTS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
