@@ -482,12 +482,14 @@ class GraphReplayWorker:
             return
         if state.finished and state.owner is None:
             return
-        if sys.is_finalizing():
-            # Daemon threads cannot be joined during interpreter teardown: keep the owner,
-            # as a failed drain would.
-            state.retain_owner()
-            return
+        # NOTE: a destructor must not raise; a failure stays recorded on the state and
+        # a failed drain has already retained the owner.
         try:
+            if sys.is_finalizing():
+                # Daemon threads cannot be joined during interpreter teardown: keep the
+                # owner, as a failed drain would.
+                state.retain_owner()
+                return
             self.close()
-        except Exception:  # noqa: BLE001 - a destructor must not raise; the failure stays on the state
+        except Exception:  # noqa: BLE001
             pass
