@@ -86,7 +86,7 @@ def export(checkpoint: Path, core: Path, context: int) -> None:
     log(f"core exported in {time.perf_counter() - t0:.1f} s")
 
 
-def hf_part(checkpoint: Path, seq: torch.Tensor, compile_hf: bool) -> None:
+def hf_part(checkpoint: Path, seq: torch.Tensor, compile_hf: bool, timing: bool = True) -> None:
     from transformers import AutoModelForCausalLM
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16, device_map="cuda",
@@ -94,10 +94,16 @@ def hf_part(checkpoint: Path, seq: torch.Tensor, compile_hf: bool) -> None:
     log(f"transformers loaded in {time.perf_counter() - t0:.1f} s")
     with torch.no_grad():
         RESULTS["hf_argmax"] = model(seq.cuda()[None]).logits[0].argmax(-1).tolist()
+        # the same weights in float32: how much bf16 alone moves the argmax of random weights
+        model.float()
+        RESULTS["hf_fp32_argmax"] = model(seq.cuda()[None]).logits[0].argmax(-1).tolist()
+        model.to(torch.bfloat16)
+        gc.collect()
+        torch.cuda.empty_cache()
     if not compile_hf:
         model.generation_config.disable_compile = True
     rng = torch.Generator().manual_seed(1)
-    for batch in (1, 64):
+    for batch in (1, 64) if timing else ():
         ids = torch.randint(1000, 120000, (batch, 128), generator=rng).cuda()
 
         def gen(n: int, model=model, ids=ids) -> float:
@@ -137,9 +143,18 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
         hidden = decoder.forward(seq.cuda()[None], batch, programs.kv, torch.arange(t, device="cuda")[None])
         ours = decoder.logits(hidden[0]).argmax(-1).tolist()
     ref = RESULTS.pop("hf_argmax")
-    agree = sum(a == b for a, b in zip(ours, ref)) / len(ref)
-    RESULTS["teacher_forced_agreement"] = round(agree, 4)
-    log(f"teacher-forced next-token argmax agreement with transformers: {agree:.4f} over {len(ref)} positions")
+    ref32 = RESULTS.pop("hf_fp32_argmax")
+
+    def agreement(a, b):
+        return round(sum(x == y for x, y in zip(a, b)) / len(b), 4)
+
+    RESULTS["teacher_forced_agreement"] = agreement(ours, ref)
+    RESULTS["teacher_forced_agreement_vs_fp32"] = agreement(ours, ref32)
+    RESULTS["hf_bf16_vs_fp32_agreement"] = agreement(ref, ref32)
+    log(f"teacher-forced next-token argmax agreement over {len(ref)} positions: flare vs transformers bf16 "
+        f"{RESULTS['teacher_forced_agreement']}, flare vs transformers fp32 "
+        f"{RESULTS['teacher_forced_agreement_vs_fp32']}, transformers bf16 vs fp32 "
+        f"{RESULTS['hf_bf16_vs_fp32_agreement']}")
 
 
 def decode_runs(model) -> None:
@@ -229,6 +244,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache forward")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--skip-hf-timing", action="store_true", help="transformers only for teacher forcing")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
@@ -241,7 +257,7 @@ def main() -> int:
     export(ckpt, core, args.context)
     seq = torch.randint(1000, 120000, (512,), generator=torch.Generator().manual_seed(3))
     if not args.skip_hf:
-        hf_part(ckpt, seq, args.hf_compile)
+        hf_part(ckpt, seq, args.hf_compile, timing=not args.skip_hf_timing)
         save_results(args.out)
     t0 = time.perf_counter()
     model = NativeModel.load(core, EngineConfig(device="cuda", max_active=64), progress=log)
@@ -258,7 +274,8 @@ def main() -> int:
         save_results(args.out)
         model.close()
     keys = ["bs1_ms_per_step", "bs1_floor_ms", "bs1_vs_floor", "bs1_hf_ms_per_step", "bs64_ms_per_step",
-            "bs64_tok_s", "bs64_hf_tok_s", "teacher_forced_agreement", "serving_output_tok_s",
+            "bs64_tok_s", "bs64_hf_tok_s", "teacher_forced_agreement", "teacher_forced_agreement_vs_fp32",
+            "hf_bf16_vs_fp32_agreement", "serving_output_tok_s",
             "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
             "gpu_busy_fraction"]
     for k in keys:

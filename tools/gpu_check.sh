@@ -4,10 +4,11 @@
 # bench_gpu.json under $OUT. Usage (device tool, carry .whl and .carry):
 #   bash tools/gpu_check.sh [--shape llama3-8b] [--requests 256] [--tests "tests/gpu"] [--hf-compile]
 set -uo pipefail
-SHAPE=llama3-8b; REQUESTS=256; TESTS="tests/gpu"; HF=""; TEST_TIMEOUT=240
+SHAPE=llama3-8b; REQUESTS=256; TESTS="tests/gpu"; HF=""; TEST_TIMEOUT=240; EXTRA=""
 while [ $# -gt 0 ]; do case "$1" in
   --shape) SHAPE=$2; shift 2;; --requests) REQUESTS=$2; shift 2;; --tests) TESTS=$2; shift 2;;
-  --test-timeout) TEST_TIMEOUT=$2; shift 2;; --hf-compile) HF=--hf-compile; shift;; *) echo "unknown $1"; exit 2;; esac; done
+  --test-timeout) TEST_TIMEOUT=$2; shift 2;; --hf-compile) HF=--hf-compile; shift;;
+  --bench-args) EXTRA=$2; shift 2;; *) echo "unknown $1"; exit 2;; esac; done
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -19,5 +20,5 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 if [ "$TESTS" != "none" ]; then
   timeout "$TEST_TIMEOUT" python3 -m pytest -q -x -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
-python3 tools/bench_gpu.py --shape "$SHAPE" --tokenizer .carry/llama3-tokenizer.json --requests "$REQUESTS" $HF 2>&1 \
+python3 tools/bench_gpu.py --shape "$SHAPE" --tokenizer .carry/llama3-tokenizer.json --requests "$REQUESTS" $HF $EXTRA 2>&1 \
   | tee "$OUT/bench_gpu.log" | grep -v "^\[bench_gpu.*verifying"

@@ -261,8 +261,11 @@ class GraphExecutor:
 
 
 def make_cuda_executor(loaded, progress: Progress | None = None) -> GraphExecutor:
-    """Capture every graph of a loaded model and wrap them in a GraphExecutor."""
+    """Capture every graph of a loaded model, validate the execution manifest, and wrap
+    them in a GraphExecutor."""
     from ..model.capture import capture_graphs
+    from .manifest import ExecutionManifest
 
     owner = capture_graphs(loaded.programs, progress)
+    ExecutionManifest.from_contract(loaded.contract, loaded.programs.buffers, owner.exec_handles).validate()
     return GraphExecutor(owner, loaded.contract, loaded.programs.buffers, owner.exec_handles)
