@@ -2,8 +2,8 @@
 
 ``fake``: flare.server.testing.FakeEngine, in process (Server.start) or as a
 subprocess (``python -m flare.server.testing``) for signal tests.
-``demo``: a real ``flare-serve`` subprocess on the embedded demo core; enabled
-with FLARE_E2E_DEMO=1 once the model runtime exists. The same tests run
+``demo``: a real ``flare-serve`` subprocess on the embedded demo core; on by
+default, skipped with FLARE_E2E_DEMO=0. The same tests run
 against both; tests that need fault injection or exact fake output ask for
 the ``fake_only`` fixture.
 """
@@ -28,7 +28,8 @@ from flare.server.session import Server
 from flare.server.testing import FakeEngine, FakeEngineConfig
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE_KINDS = ["fake"] + (["demo"] if os.environ.get("FLARE_E2E_DEMO") else [])
+# The demo kind runs by default (the real flare-serve on the SmolLM2 core); FLARE_E2E_DEMO=0 skips it.
+ENGINE_KINDS = ["fake"] + ([] if os.environ.get("FLARE_E2E_DEMO", "1") == "0" else ["demo"])
 LISTEN_LINE = re.compile(r"Flare listening on (http://\S+)")
 # The installed console script, or the same entry point from this checkout.
 FLARE_SERVE = [shutil.which("flare-serve")] if shutil.which("flare-serve") else [
