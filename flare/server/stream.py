@@ -23,15 +23,24 @@ from typing import Callable
 from ..request import ErrorEvent, Event, FinishEvent
 
 
+# Drains closer together than this are merged: under a flood of events each connection
+# then gets several events per write (one send() instead of several). A drain that
+# follows a quiet period runs at once, so this adds latency only when steps come faster
+# than every 4 ms, and then by less than one step's worth: a GPU decode step of an 8B
+# model takes 5-9 ms (docs/benchmarks.md), so served streams see no delay.
+COALESCE_S = 0.004
+
+
 class EventDispatcher:
     """One per event loop: wakes the loop once for any number of ready streams."""
 
-    __slots__ = ("_loop", "_ready", "_wakeup_pending")
+    __slots__ = ("_loop", "_ready", "_wakeup_pending", "_last_drain")
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._ready: deque[EventStream] = deque()
         self._wakeup_pending = False
+        self._last_drain = 0.0
 
     def notify(self, stream: "EventStream") -> None:
         """Any thread: ``stream`` has new events."""
@@ -46,11 +55,19 @@ class EventDispatcher:
                 pass  # the loop is closed: nobody is left to read
 
     def _run(self) -> None:
+        wait = self._last_drain + COALESCE_S - time.monotonic()
+        if wait > 0:
+            self._loop.call_later(wait, self._drain)
+        else:
+            self._drain()
+
+    def _drain(self) -> None:
         # NOTE: yield the GIL once before draining. The model thread must not stall
         # behind the event loop (DESIGN.md); if it is waiting to publish the next
         # step, it does so now and this drain carries both steps in one write per
         # connection. Streams already queued stay queued, so nothing is lost.
         time.sleep(0)
+        self._last_drain = time.monotonic()
         self._wakeup_pending = False
         ready = self._ready
         while ready:
