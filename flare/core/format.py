@@ -7,13 +7,13 @@ with a FrontendError naming the asset.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import FrontendError
+from ..fixtures import sha256_file as sha256_path
 from ..model.spec import ModelSpec
 
 FORMAT_NAME = "flare-core"
@@ -21,14 +21,6 @@ FORMAT_VERSION = 1
 MANIFEST = "core.json"
 
 Progress = Callable[[str], None]
-
-
-def sha256_path(path: Path, chunk: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

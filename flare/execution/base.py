@@ -21,6 +21,8 @@ from typing import Protocol, Sequence, Union
 
 import numpy as np
 
+from ..errors import ExecutionError
+
 Upload = tuple[str, int, Union[bytes, bytearray, memoryview]]
 
 
@@ -35,6 +37,36 @@ class ExecutionCompletion:
     top_ids: np.ndarray  # int64 [S+1, K]
     duration_ns: int  # measured program duration (device time on CUDA)
     error: BaseException | None = None
+
+
+FRAMES = 2  # the two-frame window
+
+
+class FenceTimeline:
+    """The fence bookkeeping every executor shares: the next fence to hand out and the
+    last one whose completion poll() returned (fences form one monotonic timeline)."""
+
+    _next_fence: int = 1
+    _completed_fence: int = 0
+
+    @property
+    def next_fence(self) -> int:
+        return self._next_fence
+
+    @property
+    def completed_fence(self) -> int:
+        return self._completed_fence
+
+
+def upload_size(capacities: dict[str, int], name: str, offset: int, data) -> int:
+    """Bytes of one upload range after checking it names a known input buffer and fits."""
+    capacity = capacities.get(name)
+    if capacity is None or name.startswith("out."):
+        raise ExecutionError(f"upload names unknown input buffer {name!r}")
+    size = data.nbytes if isinstance(data, memoryview) else len(data)
+    if offset < 0 or offset + size > capacity:
+        raise ExecutionError(f"upload to {name} [{offset}, {offset + size}) exceeds its {capacity} bytes")
+    return size
 
 
 class Executor(Protocol):

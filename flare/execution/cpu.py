@@ -18,17 +18,16 @@ import numpy as np
 
 from ..errors import ExecutionError
 from ..model.programs import StepPrograms
-from .base import ExecutionCompletion, Upload
-
-FRAMES = 2
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, upload_size
 
 
-class CpuExecutor:
+class CpuExecutor(FenceTimeline):
     def __init__(self, programs: StepPrograms, *, name: str = "flare-cpu-executor"):
         self.programs = programs
         self.contract = programs.contract
         self._views = {name: programs.host_view(name).reshape(-1).view(np.uint8)
                        for name in programs.buffers}
+        self._capacities = {name: view.shape[0] for name, view in self._views.items()}
         self._frame_view = programs.host_view("step.frame")
         self._lock = threading.Condition()
         self._pending: collections.deque = collections.deque()  # (fence, graph, frame, uploads)
@@ -43,14 +42,6 @@ class CpuExecutor:
         self._thread.start()
 
     # -- interface -------------------------------------------------------------
-
-    @property
-    def next_fence(self) -> int:
-        return self._next_fence
-
-    @property
-    def completed_fence(self) -> int:
-        return self._completed_fence
 
     @property
     def outstanding(self) -> int:
@@ -81,14 +72,8 @@ class CpuExecutor:
                 raise ExecutionError("both frames are in flight; poll before submitting again")
             staged = []
             for name, offset, data in uploads:
-                view = self._views.get(name)
-                if view is None:
-                    raise ExecutionError(f"upload names unknown buffer {name!r}")
-                size = len(data) if not isinstance(data, memoryview) else data.nbytes
-                if offset < 0 or offset + size > view.shape[0]:
-                    raise ExecutionError(
-                        f"upload to {name} [{offset}, {offset + size}) exceeds its {view.shape[0]} bytes")
-                staged.append((view, offset, bytes(data)))  # the host frame owns a copy
+                upload_size(self._capacities, name, offset, data)
+                staged.append((self._views[name], offset, bytes(data)))  # the host frame owns a copy
             fence = self._next_fence
             self._next_fence += 1
             self._outstanding += 1

@@ -26,9 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ExecutionError
-from .base import ExecutionCompletion, Upload
-
-FRAMES = 2
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, upload_size
 _POLL_SLEEP_S = 0.0002
 
 Progress = Callable[[str], None]
@@ -70,7 +68,7 @@ class _Frame:
             cu.cuEventDestroy(event)
 
 
-class GraphExecutor:
+class GraphExecutor(FenceTimeline):
     """The executor interface (flare.execution.base) over captured CUDA graphs."""
 
     def __init__(self, owner, contract, buffers: dict, graph_execs: Sequence[int]):
@@ -87,6 +85,7 @@ class GraphExecutor:
         if len(set(int(h) for h in graph_execs)) != len(graph_execs):
             raise ExecutionError("graph executables are not unique")
         self._dev = {name: (t.data_ptr(), t.numel() * t.element_size()) for name, t in buffers.items()}
+        self._capacities = {name: size for name, (_, size) in self._dev.items()}
         self._frame_buffer = buffers["step.frame"]
         flags = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self.model_stream = check(cu.cuStreamCreate(flags), "cuStreamCreate")
@@ -110,14 +109,6 @@ class GraphExecutor:
         self.drained = False
 
     # -- interface ---------------------------------------------------------------
-
-    @property
-    def next_fence(self) -> int:
-        return self._next_fence
-
-    @property
-    def completed_fence(self) -> int:
-        return self._completed_fence
 
     @property
     def outstanding(self) -> int:
@@ -154,15 +145,10 @@ class GraphExecutor:
         pos = 0
         plan = []
         for name, offset, data in uploads:
-            dev = self._dev.get(name)
-            if dev is None or name.startswith("out."):
-                raise ExecutionError(f"upload names unknown input buffer {name!r}")
-            size = data.nbytes if isinstance(data, memoryview) else len(data)
-            if offset < 0 or offset + size > dev[1]:
-                raise ExecutionError(f"upload to {name} [{offset}, {offset + size}) exceeds its {dev[1]} bytes")
+            size = upload_size(self._capacities, name, offset, data)
             if pos + size > frame.staging_np.shape[0] - 8:
                 raise ExecutionError("uploads exceed the input frame")
-            plan.append((dev[0] + offset, pos, size, data))
+            plan.append((self._dev[name][0] + offset, pos, size, data))
             pos += size
         fence = self._next_fence
         try:

@@ -27,9 +27,7 @@ from ..model.contract import (
     REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION,
     REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, PreparedContract,
 )
-from .base import ExecutionCompletion, Upload
-
-FRAMES = 2
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -41,7 +39,7 @@ def toy_token(history: np.ndarray, vocab: int, salt: int = 0) -> int:
     return int(h % vocab)
 
 
-class FakeExecutor:
+class FakeExecutor(FenceTimeline):
     def __init__(self, contract: PreparedContract, *, duration_ns: int = 1_000_000, manual: bool = False,
                  eos_token: int | None = None, eos_every: int = 0, read_history: bool = True):
         self.contract = contract
@@ -66,14 +64,6 @@ class FakeExecutor:
         self.fail_at_fence: int | None = None
         self.submissions: list[tuple[int, GraphKind, int]] = []  # (fence, kind, upload bytes)
         self.closed = False
-
-    @property
-    def next_fence(self) -> int:
-        return self._next_fence
-
-    @property
-    def completed_fence(self) -> int:
-        return self._completed_fence
 
     @property
     def outstanding(self) -> int:
