@@ -189,8 +189,9 @@ def decode_runs(model) -> None:
                 model.submit(prompt, SamplingParams(max_tokens=129, temperature=0.0, ignore_eos=True), make_sink(i))
             if not done.wait(600):
                 raise RuntimeError("decode run did not finish")
-        graph = contract.graph(GraphKind.DECODE, contract.batch_capacities[[b >= batch for b in
-                                                                           contract.batch_capacities].index(True)])
+        # greedy requests without logprobs run the greedy decode variant
+        graph = contract.graph(GraphKind.DECODE, next(b for b in contract.batch_capacities if b >= batch),
+                               greedy=True)
         device_ms = sched.timing.estimate_ns(graph.index) / 1e6
         gaps = [b - a for ts in times.values() for a, b in zip(ts[len(ts) // 4:], ts[len(ts) // 4 + 1:])]
         wall_ms = float(np.median(gaps)) * 1e3

@@ -71,10 +71,11 @@ class GraphSpec:
     kind: GraphKind
     batch: int  # row capacity b
     tokens: int = 1  # token capacity t per row (prefill), 1 otherwise
+    greedy: bool = False  # DECODE variant for cohorts that are all greedy without logprobs
 
     @property
     def label(self) -> str:
-        return f"{self.kind.name.lower()} b{self.batch} t{self.tokens}"
+        return f"{self.kind.name.lower()} b{self.batch} t{self.tokens}" + (" greedy" if self.greedy else "")
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,13 @@ class PreparedContract:
                    vocab_size=vocab_size, hidden_size=hidden_size)
         graphs: list[GraphSpec] = []
 
-        def add(kind: GraphKind, batch: int, tokens: int = 1) -> None:
-            graphs.append(GraphSpec(len(graphs), kind, batch, tokens))
+        def add(kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False) -> None:
+            graphs.append(GraphSpec(len(graphs), kind, batch, tokens, greedy))
 
         for b in base.batch_capacities:
             add(GraphKind.DECODE, b)
+            # argmax sampling skips the full-vocabulary sort and the top-20 logprobs
+            add(GraphKind.DECODE, b, greedy=True)
         for t in base.prefill_capacities:
             add(GraphKind.PREFILL, 1, t)
         # INITIALIZE marks one request's prompt tokens (step.prompt), so it runs per request.
@@ -155,21 +158,11 @@ class PreparedContract:
                 add(kind, b)
         return cls(**{**base.__dict__, "graphs": tuple(graphs)})
 
-    def graph(self, kind: GraphKind, batch: int, tokens: int = 1) -> GraphSpec:
+    def graph(self, kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False) -> GraphSpec:
         for g in self.graphs:
-            if g.kind == kind and g.batch == batch and g.tokens == tokens:
+            if g.kind == kind and g.batch == batch and g.tokens == tokens and g.greedy == greedy:
                 return g
-        raise KeyError(f"no {kind.name} graph with b={batch} t={tokens}")
-
-    def smallest_batch(self, kind: GraphKind, rows: int) -> GraphSpec:
-        """The graph of ``kind`` with the smallest batch capacity >= rows."""
-        best = None
-        for g in self.graphs:
-            if g.kind == kind and g.batch >= rows and (best is None or g.batch < best.batch):
-                best = g
-        if best is None:
-            raise KeyError(f"no {kind.name} graph holds {rows} rows")
-        return best
+        raise KeyError(f"no {kind.name} graph with b={batch} t={tokens}{' (greedy)' if greedy else ''}")
 
     def buffers(self) -> tuple[BufferSpec, ...]:
         s1, bmax, tmax = self.max_active + 1, self.max_batch, self.prefill_chunk_size

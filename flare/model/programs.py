@@ -105,21 +105,38 @@ class StepPrograms:
         buf["out.records"].index_copy_(0, frame, records.unsqueeze(0))
 
     def _sample_rows(self, slots: torch.Tensor, hidden: torch.Tensor, do_sample: torch.Tensor,
-                     kind: GraphKind) -> None:
-        """Sample for rows where do_sample, update slot state, write logprobs and records."""
+                     kind: GraphKind, greedy: bool = False) -> None:
+        """Sample for rows where do_sample, update slot state, write logprobs and records.
+
+        ``greedy``: every row is greedy and wants no logprobs, so the token is the argmax
+        of the penalized logits and no distribution is sorted or normalized.
+        """
         buf = self.buffers
         logits = self.decoder.logits(hidden)  # [b, V] float32
         params = buf["slot.sampling"][slots]
         out_counts = self.output_counts[slots]
         seen_prompt = self.prompt_counts[slots] > 0
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
         penalized = apply_penalties(logits, params, out_counts, seen_prompt)
+        if greedy:
+            token = torch.where(do_sample, penalized.argmax(dim=-1), buf["slot.token"][slots])
+            self._commit_samples(slots, token, do_sample, kind)
+            return
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
         uniform = philox_uniform(buf["slot.seed"][slots], buf["slot.generated"][slots])
         token = sample(penalized, params, uniform)
         token = torch.where(do_sample, token, buf["slot.token"][slots])
+        self._commit_samples(slots, token, do_sample, kind, raw_logprobs)
+
+    def _commit_samples(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
+                        raw_logprobs: torch.Tensor | None = None) -> None:
+        """Store sampled tokens in the slot rows, count them for penalties, write outputs."""
+        buf = self.buffers
         buf["slot.token"].index_copy_(0, slots, token)
         buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + do_sample.to(torch.int64))
         self.output_counts.index_put_((slots, token), do_sample.to(torch.int32), accumulate=True)
+        if raw_logprobs is None:
+            self._record(slots, kind, do_sample)
+            return
         k = self.contract.top_logprobs
         top = raw_logprobs.topk(k, dim=-1)
         frame = buf["step.frame"]
@@ -195,7 +212,8 @@ class StepPrograms:
         hidden = self.decoder.forward(tokens, batch, self.kv, torch.zeros(b, dtype=torch.int64, device=self.device))
         self.hidden.index_copy_(0, slots, hidden)
         buf["slot.position"].index_copy_(0, slots, kv_lens)
-        self._sample_rows(slots, hidden, torch.ones(b, dtype=torch.bool, device=self.device), GraphKind.DECODE)
+        self._sample_rows(slots, hidden, torch.ones(b, dtype=torch.bool, device=self.device), GraphKind.DECODE,
+                          graph.greedy)
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]

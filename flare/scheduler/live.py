@@ -37,6 +37,7 @@ class SlotTable:
         self.ended = np.zeros(n, np.bool_)
         self.ignore_eos = np.zeros(n, np.bool_)
         self.has_stop_ids = np.zeros(n, np.bool_)  # request-specific stop_token_ids
+        self.plain = np.zeros(n, np.bool_)  # greedy without logprobs: may use greedy decode graphs
         self.token_debt = np.zeros(n, np.float64)
         self.delivery_debt = np.zeros(n, np.float64)
         self.last_progress = np.zeros(n, np.float64)
@@ -47,7 +48,7 @@ class SlotTable:
         for name in ("rid", "generation", "planned", "planned_gen", "consumed", "generated", "inflight",
                      "last_fence", "num_pages", "limit", "num_out"):
             getattr(self, name)[slot] = 0
-        self.ended[slot] = self.ignore_eos[slot] = self.has_stop_ids[slot] = False
+        self.ended[slot] = self.ignore_eos[slot] = self.has_stop_ids[slot] = self.plain[slot] = False
         self.token_debt[slot] = self.delivery_debt[slot] = 0.0
         self.phase[slot] = int(Phase.RETIRED)
 
@@ -132,6 +133,7 @@ class LiveRequest:
         t.limit[slot] = min(self.params.max_tokens, context - self.prompt_len)
         t.ignore_eos[slot] = self.params.ignore_eos
         t.has_stop_ids[slot] = bool(self.params.stop_token_ids)
+        t.plain[slot] = self.params.is_greedy and not self.params.logprobs
         t.last_progress[slot] = now
 
     def detach(self) -> None:

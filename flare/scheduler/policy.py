@@ -197,7 +197,8 @@ class Selection:
 
     def refresh_solo_costs(self) -> None:
         """Seconds per token a request gets alone: the best measured prefill capacity per prompt
-        token, the smallest measured decode graph per output token (0 while unmeasured)."""
+        token, the smallest measured decode graph (general or greedy) per output token (0 while
+        unmeasured)."""
         s = self.s
         per_prompt = 0.0
         for g in s.graphs_of(GraphKind.PREFILL):
@@ -205,7 +206,7 @@ class Selection:
             if est and (per_prompt == 0.0 or est * 1e-9 / g.tokens < per_prompt):
                 per_prompt = est * 1e-9 / g.tokens
         per_output = 0.0
-        for g in s.graphs_of(GraphKind.DECODE):
+        for g in s.decode_graphs:  # smallest batch first, either variant
             est = s.timing.estimate_ns(g.index)
             if est:
                 per_output = est * 1e-9

@@ -93,13 +93,17 @@ class RequestScheduler:
         self._next_generation = 1
         self._admission_blocked = False  # the queue head did not fit; retry after resources change
         self._oldest_submit = 0.0
-        self._graphs: dict[GraphKind, list[GraphSpec]] = {}
+        self._graphs: dict[GraphKind, list[GraphSpec]] = {}  # general graphs by kind
+        greedy_decode: list[GraphSpec] = []
         for g in contract.graphs:
-            self._graphs.setdefault(g.kind, []).append(g)
-        for graphs in self._graphs.values():
+            (greedy_decode if g.greedy else self._graphs.setdefault(g.kind, [])).append(g)
+        for graphs in (*self._graphs.values(), greedy_decode):
             graphs.sort(key=lambda g: (g.batch, g.tokens))
-        self._decode_graph_for = [self.graph_for(GraphKind.DECODE, n) if n else None
-                                  for n in range(contract.max_batch + 1)]
+        self.decode_graphs = sorted(self._graphs[GraphKind.DECODE] + greedy_decode, key=lambda g: g.batch)
+        # decode graph per cohort size: [general, greedy] (greedy: all rows argmax, no logprobs)
+        self._decode_graph_for = [None] + [
+            (self.graph_for(GraphKind.DECODE, n), next((g for g in greedy_decode if g.batch >= n), None))
+            for n in range(1, contract.max_batch + 1)]
         # counters
         self.num_admitted = self.num_completed = self.num_cancelled = 0
         self.launches = {kind: 0 for kind in GraphKind}
@@ -270,7 +274,9 @@ class RequestScheduler:
         decode = None
         if len(slots):
             if int(np.count_nonzero(sel.decode_pages_needed(slots))) <= self.pages.num_free:
-                decode = (self._decode_graph_for[len(slots)], slots, 0.0)
+                general, greedy = self._decode_graph_for[len(slots)]
+                graph = greedy if greedy is not None and self.table.plain[slots].all() else general
+                decode = (graph, slots, 0.0)
         if not sel.has_other_work():
             if decode is None:
                 if not window:

@@ -144,3 +144,28 @@ def test_snapshot_restore_resumes_without_replay(tiny):
         tokens.append(h.decode([3])[3])
         logits.append(h.logits(3))
     _check(model, prompt, tokens, logits)
+
+
+def test_greedy_decode_variant_matches_the_general_sampler(tiny):
+    """The greedy decode graph (argmax, no sort, no logprobs) picks the general sampler's tokens."""
+    _, h = tiny
+    p = _prompt(21, 50)
+    runs = []
+    for greedy in (False, True):
+        h.admit(1, generation=70 + greedy)
+        tokens = [h.prefill(1, p, 0, [50])]
+        for _ in range(8):
+            h.alloc_pages(1, h.position(1) + 2)
+            h.inputs.set_rows([1], 1)
+            done = h.run(GraphKind.DECODE, 1) if not greedy else _run_greedy(h)
+            tokens.append(int(done.records[1, 16]))
+        runs.append(tokens)
+    assert runs[0] == runs[1]
+
+
+def _run_greedy(h):
+    graph = h.contract.graph(GraphKind.DECODE, 1, greedy=True)
+    h.executor.submit(graph.index, h.inputs.take())
+    done = h.executor.poll(timeout=120)
+    assert done is not None and done.error is None
+    return done

@@ -13,6 +13,7 @@ from flare.model.contract import REC_GENERATION, GraphKind
 from flare.model.inputs import pack_step
 from flare.scheduler.errors import CapacityError, CompletionError, StalePlanError
 from flare.scheduler.plan import Phase
+from flare.request import SamplingParams
 from flare.scheduler.scheduler import RequestScheduler
 
 from .driver import IDENTITY, Driver, contract, params, prompt
@@ -282,7 +283,7 @@ def test_timing_staleness_and_refresh_budget():
     sched, ex, d, clock = make(pages=200)
     _warm(sched, d)
     t = sched.timing
-    g = sched.contract.graph(GraphKind.DECODE, 1).index
+    g = sched.contract.graph(GraphKind.DECODE, 1, greedy=True).index  # the warm-up is greedy
     assert t.is_measured(g) and not t.is_stale(g, clock.now)
     clock.now += 31
     assert t.is_stale(g, clock.now) and t.estimate_ns(g) > 0  # stale but still available
@@ -361,3 +362,17 @@ def test_new_request_progresses_while_decodes_stay_pipelined():
         if second in d.ended:
             break
     assert second in d.ended, "the new request starved behind pipelined decodes"
+
+
+def test_greedy_cohorts_use_the_greedy_decode_variant():
+    sched, ex, d, _ = make(pages=200, max_active=4)
+    greedy = sched.submit(prompt(tokens(80, 20)), params(6), 0)
+    d.run()
+    decodes = [s for s in d.steps if s.plan.kind == GraphKind.DECODE]
+    assert decodes and all(sched.contract.graphs[s.plan.graph_index].greedy for s in decodes)
+    sampled = sched.submit(prompt(tokens(81, 20)), SamplingParams(max_tokens=6, temperature=0.7), 0)
+    other = sched.submit(prompt(tokens(82, 20)), params(6, logprobs=True), 0)
+    d.run()
+    mixed = [s for s in d.steps if s.plan.kind == GraphKind.DECODE and any(r.rid in (sampled, other) for r in s.rows)]
+    assert mixed and not any(sched.contract.graphs[s.plan.graph_index].greedy for s in mixed)
+    assert d.ended[greedy].reason == "length" and len(d.tokens[sampled]) == 6
