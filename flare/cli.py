@@ -11,10 +11,7 @@ from typing import Sequence
 from .config import MAX_ACTIVE_LIMIT
 from .core.export import DTYPES, ExportOptions
 from .errors import Error
-
-
-def _progress(message: str) -> None:
-    print(f"[flare] {message}", file=sys.stderr, flush=True)
+from .fixtures import stderr_progress as _progress
 
 
 def _export_parser(sub) -> None:

