@@ -154,17 +154,21 @@ def test_stop_token_ids(server, fake_only):
 
 
 def test_chat_logprobs(server):
+    # Greedy, so the streamed request generates the same tokens as the unary one.
     reply = _client(server).chat.completions.create(model=server.model, messages=CHAT, max_tokens=4,
-                                                    logprobs=True, top_logprobs=3)
+                                                    logprobs=True, top_logprobs=3, temperature=0)
     content = reply.choices[0].logprobs.content
     assert 1 <= len(content) <= 4
     for entry in content:
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
         assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
     chunks = list(_client(server).chat.completions.create(model=server.model, messages=CHAT, max_tokens=4,
-                                                          logprobs=True, top_logprobs=2, stream=True))
+                                                          logprobs=True, top_logprobs=2, stream=True,
+                                                          temperature=0))
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
-    assert len(streamed) == len(content)
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
+    assert "".join(e.token for e in streamed) == reply.choices[0].message.content
 
 
 def test_text_content_parts_and_tool_history(server):
