@@ -113,7 +113,7 @@ def test_async_client_streaming_and_not(server):
             if chunk.usage:
                 usage = chunk.usage
         many = await asyncio.gather(*(client.chat.completions.create(
-            model=server.model, messages=CHAT, max_tokens=8) for _ in range(6)))
+            model=server.model, messages=CHAT, max_tokens=8, temperature=0) for _ in range(6)))
         await client.close()
         return whole, "".join(pieces), usage, many
 
