@@ -28,6 +28,31 @@ def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return rms_norm(residual, weight, eps), residual
 
 
+def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                   eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
+                   write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    """Everything between the qkv projection and attention, for one layer.
+
+    Splits the fused projection ``[B, Q, (H + 2*Hkv)*D]``, applies the per-head q/k
+    RMSNorm when the family has one, rotates q and k at ``positions`` with the
+    ``[max_positions, D]`` tables, scatters k and v into the page pools at
+    ``write_index`` and returns the rotated queries ``[B, Q, H, D]``.
+    """
+    b, nq, _ = qkv.shape
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    q, k, v = qkv.split([num_heads * d, hkv * d, hkv * d], dim=-1)
+    q = q.reshape(b, nq, num_heads, d)
+    k = k.reshape(b, nq, hkv, d)
+    v = v.reshape(b, nq, hkv, d)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    cos, sin = cos_table[positions], sin_table[positions]  # [B, Q, D]
+    q = apply_rope(q, cos, sin)
+    write_kv(k_pool, v_pool, apply_rope(k, cos, sin), v, write_index)
+    return q
+
+
 @dataclass(frozen=True)
 class DecoderOps:
     """The primitive operations of a forward pass; CUDA swaps in Triton kernels."""
@@ -37,6 +62,7 @@ class DecoderOps:
     add_rms_norm: Callable = _add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
     apply_rope: Callable = apply_rope
     silu_mul: Callable = silu_mul
+    qkv_rope_write: Callable = qkv_rope_write  # see qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
 
 
@@ -45,7 +71,8 @@ def cuda_ops() -> DecoderOps:
     from . import kernels
 
     return DecoderOps(linear=kernels.linear, rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
-                      apply_rope=kernels.apply_rope, silu_mul=kernels.silu_mul, attention=kernels.paged_attention)
+                      apply_rope=kernels.apply_rope, silu_mul=kernels.silu_mul,
+                      qkv_rope_write=kernels.qkv_rope_write, attention=kernels.paged_attention)
 
 
 class Decoder:
@@ -77,25 +104,15 @@ class Decoder:
         """
         spec, ops = self.spec, self.ops
         b, nq = tokens.shape
-        h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        h, d = spec.num_heads, spec.head_dim
         eps = spec.rms_norm_eps
         x = F.embedding(tokens, self.w["embed"])  # [B, Q, hidden]
-        cos = self.rope_cos[batch.positions]  # [B, Q, D]
-        sin = self.rope_sin[batch.positions]
         residual = x
         y = ops.rms_norm(x, self.layers[0]["attn_norm"], eps)
         for i, lw in enumerate(self.layers):
             qkv = ops.linear(y, lw["qkv"], lw["qkv_bias"])
-            q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-            q = q.reshape(b, nq, h, d)
-            k = k.reshape(b, nq, hkv, d)
-            v = v.reshape(b, nq, hkv, d)
-            if spec.qk_norm:
-                q = ops.rms_norm(q, lw["q_norm"], eps)
-                k = ops.rms_norm(k, lw["k_norm"], eps)
-            q = ops.apply_rope(q, cos, sin)
-            k = ops.apply_rope(k, cos, sin)
-            write_kv(kv.k[i], kv.v[i], k, v, batch.write_index)
+            q = ops.qkv_rope_write(qkv, h, lw["q_norm"], lw["k_norm"], eps, self.rope_cos, self.rope_sin,
+                                   batch.positions, batch.write_index, kv.k[i], kv.v[i])
             attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
             y, residual = ops.add_rms_norm(ops.linear(attn.reshape(b, nq, h * d), lw["o"]), residual,
                                            lw["mlp_norm"], eps)

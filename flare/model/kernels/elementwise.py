@@ -1,4 +1,5 @@
-"""Fused elementwise kernels: RMSNorm, add + RMSNorm, rotate-half RoPE, SiLU-mul.
+"""Fused elementwise kernels: RMSNorm, add + RMSNorm, rotate-half RoPE, SiLU-mul, and
+the whole qkv-to-attention stretch of a layer (q/k norm, RoPE, KV scatter) in one launch.
 
 Each matches the torch function of the same name in :mod:`flare.model.layers`
 including its rounding points (fp32 math, a cast to the activation dtype where
@@ -94,6 +95,62 @@ def _silu_mul_kernel(
     # F.silu rounds to the activation dtype before the product, as the reference does.
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
     tl.store(out_ptr + row * width + cols, (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _qkv_rope_write_kernel(
+    qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
+    inner, num_heads, num_kv, half, eps,
+    s_xo, s_xi, s_cos, s_sin,
+    HAS_NORM: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # One program per (token, head) over the q heads then the k heads; a k program
+    # also moves the matching v head.
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK_HALF)
+    ok = cols < half
+    d = 2 * half
+    row = qkv_ptr + (token // inner).to(tl.int64) * s_xo + (token % inner) * s_xi
+    x1 = tl.load(row + head * d + cols, mask=ok, other=0.0)
+    x2 = tl.load(row + head * d + half + cols, mask=ok, other=0.0)
+    dtype = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    is_q = head < num_heads
+    if HAS_NORM:
+        # layers.rms_norm: fp32 statistics, cast to the activation dtype, then the weight.
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d + eps)
+        if is_q:
+            w1 = tl.load(qn_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            w2 = tl.load(qn_ptr + half + cols, mask=ok, other=0.0).to(tl.float32)
+        else:
+            w1 = tl.load(kn_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            w2 = tl.load(kn_ptr + half + cols, mask=ok, other=0.0).to(tl.float32)
+        x1 = ((x1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        x2 = ((x2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    pos = tl.load(pos_ptr + token)
+    c_row = cos_ptr + pos * s_cos
+    s_row = sin_ptr + pos * s_sin
+    c1 = tl.load(c_row + cols, mask=ok, other=0.0)
+    c2 = tl.load(c_row + half + cols, mask=ok, other=0.0)
+    s1 = tl.load(s_row + cols, mask=ok, other=0.0)
+    s2 = tl.load(s_row + half + cols, mask=ok, other=0.0)
+    out1 = (x1 * c1 - x2 * s1).to(dtype)  # rotate_half(x) = [-x2, x1]
+    out2 = (x2 * c2 + x1 * s2).to(dtype)
+    if is_q:
+        dst = q_ptr + (token.to(tl.int64) * num_heads + head) * d
+        tl.store(dst + cols, out1, mask=ok)
+        tl.store(dst + half + cols, out2, mask=ok)
+    else:
+        kv_head = head - num_heads
+        slot = tl.load(widx_ptr + token)
+        dst = (slot * num_kv + kv_head) * d
+        tl.store(k_pool_ptr + dst + cols, out1, mask=ok)
+        tl.store(k_pool_ptr + dst + half + cols, out2, mask=ok)
+        v_src = row + (num_heads + num_kv + kv_head) * d
+        tl.store(v_pool_ptr + dst + cols, tl.load(v_src + cols, mask=ok, other=0.0), mask=ok)
+        tl.store(v_pool_ptr + dst + half + cols, tl.load(v_src + half + cols, mask=ok, other=0.0), mask=ok)
 
 
 def _lead_view(t: torch.Tensor, keep: int) -> torch.Tensor:
@@ -216,4 +273,56 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-__all__ = ["rms_norm", "add_rms_norm", "apply_rope", "silu_mul"]
+def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                   eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
+                   write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    """:func:`flare.model.decoder.qkv_rope_write` in one launch.
+
+    qkv ``[B, Q, (H + 2*Hkv)*D]``; q_norm/k_norm ``[D]`` or None; cos/sin tables
+    ``[max_positions, D]`` float32; positions and write_index ``[B, Q]`` int64; pools
+    ``[pages, P, Hkv, D]`` contiguous. Writes k and v into the pools and returns q
+    ``[B, Q, H, D]``, rounded where the reference rounds.
+    """
+    kernel = "qkv_rope_write"
+    require(qkv.dim() == 3 and qkv.numel() > 0, kernel, f"qkv must be [B, Q, width], got {tuple(qkv.shape)}")
+    require(k_pool.dim() == 4 and k_pool.shape == v_pool.shape, kernel,
+            f"k_pool and v_pool must be the same [pages, P, Hkv, D], got {tuple(k_pool.shape)} and "
+            f"{tuple(v_pool.shape)}")
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    b, nq, width = qkv.shape
+    require(d % 2 == 0 and width == (num_heads + 2 * hkv) * d, kernel,
+            f"qkv width {width} is not (H={num_heads} + 2*Hkv={hkv}) * D={d} with an even D")
+    require((q_norm is None) == (k_norm is None), kernel, "q_norm and k_norm come together")
+    tensors = {"qkv": qkv, "cos_table": cos_table, "sin_table": sin_table, "positions": positions,
+               "write_index": write_index, "k_pool": k_pool, "v_pool": v_pool}
+    if q_norm is not None:
+        for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
+            require(w.shape == (d,) and w.dtype == qkv.dtype and w.is_contiguous(), kernel,
+                    f"{name} must be contiguous [{d}] {qkv.dtype}, got {tuple(w.shape)} {w.dtype}")
+            tensors[name] = w
+    require_float(kernel, "qkv", qkv)
+    require_inner_contiguous(kernel, "qkv", qkv)
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        require(pool.dtype == qkv.dtype and pool.is_contiguous(), kernel,
+                f"{name} must be contiguous {qkv.dtype}, got {pool.dtype} with strides {tuple(pool.stride())}")
+    for name, table in (("cos_table", cos_table), ("sin_table", sin_table)):
+        require(table.dim() == 2 and table.shape[1] == d and table.dtype == torch.float32 and table.stride(1) == 1,
+                kernel, f"{name} must be float32 [positions, {d}], got {tuple(table.shape)} {table.dtype}")
+    for name, index in (("positions", positions), ("write_index", write_index)):
+        require(tuple(index.shape) == (b, nq) and index.dtype == torch.int64, kernel,
+                f"{name} must be int64 [{b}, {nq}], got {tuple(index.shape)} {index.dtype}")
+    require_same_device(kernel, **tensors)
+    x3 = _lead_view(qkv, 1)
+    q = torch.empty((b, nq, num_heads, d), dtype=qkv.dtype, device=qkv.device)
+    norm = q_norm if q_norm is not None else q
+    _qkv_rope_write_kernel[(b * nq, num_heads + hkv)](
+        x3, norm, k_norm if k_norm is not None else q, cos_table, sin_table,
+        positions.reshape(-1), write_index.reshape(-1), q, k_pool, v_pool,
+        x3.shape[1], num_heads, hkv, d // 2, float(eps),
+        x3.stride(0), x3.stride(1), cos_table.stride(0), sin_table.stride(0),
+        HAS_NORM=q_norm is not None, BLOCK_HALF=next_power_of_2(d // 2), num_warps=1,
+    )
+    return q
+
+
+__all__ = ["rms_norm", "add_rms_norm", "apply_rope", "silu_mul", "qkv_rope_write"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from flare.model import layers
-from flare.model.kernels import KernelInputError, add_rms_norm, apply_rope, rms_norm, silu_mul
+from flare.model import decoder
+from flare.model.kernels import KernelInputError, add_rms_norm, apply_rope, qkv_rope_write, rms_norm, silu_mul
 
 
 def assert_matches(kernel: str, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -91,6 +92,50 @@ def test_silu_mul(shape):
     gen = torch.Generator().manual_seed(6)
     gate_up = (2 * torch.randn(*shape, generator=gen)).bfloat16()
     assert_matches("silu_mul", silu_mul(gate_up), layers.silu_mul(gate_up))
+
+
+def _qkv_case(dtype, *, norm, b=3, nq=2, heads=4, kv_heads=2, d=48, pages=5, page_tokens=4, seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    qkv = (2 * torch.randn(b, nq, (heads + 2 * kv_heads) * d, generator=gen)).to(dtype)
+    norms = (torch.randn(d, generator=gen).to(dtype), torch.randn(d, generator=gen).to(dtype)) if norm else (None, None)
+    angles = torch.outer(torch.arange(64.0), torch.rand(d // 2, generator=gen))
+    table = torch.cat([angles, angles], dim=-1)
+    positions = torch.randint(0, 64, (b, nq), generator=gen)
+    # Distinct cache slots except the last row, a padding row written to the scratch page.
+    slots = torch.randperm((pages - 1) * page_tokens, generator=gen)[:b * nq] + page_tokens
+    write_index = slots.view(b, nq).clone()
+    write_index[-1] = torch.arange(nq)
+    pool = (torch.randn(pages, page_tokens, kv_heads, d, generator=gen)).to(dtype)
+    return qkv, heads, norms, table.cos(), table.sin(), positions, write_index, pool
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qk-norm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_qkv_rope_write_matches_the_decoder_composite(dtype, norm):
+    qkv, heads, (qn, kn), cos, sin, positions, write_index, pool = _qkv_case(dtype, norm=norm)
+    want_k, want_v = pool.clone(), (pool + 1).clone()
+    got_k, got_v = want_k.clone(), want_v.clone()
+    want_q = decoder.qkv_rope_write(qkv, heads, qn, kn, 1e-6, cos, sin, positions, write_index, want_k, want_v)
+    got_q = qkv_rope_write(qkv, heads, qn, kn, 1e-6, cos, sin, positions, write_index, got_k, got_v)
+    assert_matches("qkv_rope_write q", got_q, want_q)
+    assert_matches("qkv_rope_write k pool", got_k, want_k)
+    assert torch.equal(got_v, want_v), "qkv_rope_write: v must be copied exactly"
+    untouched = torch.ones(pool.shape[0] * pool.shape[1], dtype=torch.bool)
+    untouched[write_index.reshape(-1)] = False
+    assert torch.equal(got_k.flatten(0, 1)[untouched], pool.flatten(0, 1)[untouched]), \
+        "qkv_rope_write: only the written slots may change"
+
+
+def test_qkv_rope_write_rejects_mismatched_shapes():
+    qkv, heads, _, cos, sin, positions, write_index, pool = _qkv_case(torch.float32, norm=False)
+    with pytest.raises(KernelInputError, match="qkv_rope_write: qkv width"):
+        qkv_rope_write(qkv, heads + 1, None, None, 1e-6, cos, sin, positions, write_index, pool, pool.clone())
+    with pytest.raises(KernelInputError, match="positions must be int64"):
+        qkv_rope_write(qkv, heads, None, None, 1e-6, cos, sin, positions[:, :1], write_index, pool, pool.clone())
+    with pytest.raises(KernelInputError, match="q_norm and k_norm come together"):
+        qkv_rope_write(qkv, heads, torch.ones(48), None, 1e-6, cos, sin, positions, write_index, pool, pool.clone())
+    with pytest.raises(KernelInputError, match="k_pool must be contiguous"):
+        qkv_rope_write(qkv, heads, None, None, 1e-6, cos, sin, positions, write_index, pool.bfloat16(), pool)
 
 
 def test_bad_inputs_raise_typed_errors():
