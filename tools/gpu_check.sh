@@ -3,15 +3,20 @@
 # run the GPU tests, then the GPU speed benchmark (tools/bench_gpu.py). Writes logs and
 # bench_gpu.json under $OUT. Usage (device tool, carry .whl and .carry):
 #   bash tools/gpu_check.sh [--shape llama3-8b] [--requests 256] [--tests "tests/gpu"] [--hf-compile]
+#                           [--server-tests] [--no-bench]
+# --server-tests also serves tests/server from `flare-serve` on a small random bf16 core on
+# the GPU (tools/make_test_core.py; needs the openai wheels in .whl/server).
 set -uo pipefail
-SHAPE=llama3-8b; REQUESTS=256; TESTS="tests/gpu"; HF=""; TEST_TIMEOUT=240; EXTRA=""
+SHAPE=llama3-8b; REQUESTS=256; TESTS="tests/gpu"; HF=""; TEST_TIMEOUT=240; EXTRA=""; SERVER=0; BENCH=1
 while [ $# -gt 0 ]; do case "$1" in
   --shape) SHAPE=$2; shift 2;; --requests) REQUESTS=$2; shift 2;; --tests) TESTS=$2; shift 2;;
   --test-timeout) TEST_TIMEOUT=$2; shift 2;; --hf-compile) HF=--hf-compile; shift;;
+  --server-tests) SERVER=1; shift;; --no-bench) BENCH=0; shift;;
   --bench-args) EXTRA=$2; shift 2;; *) echo "unknown $1"; exit 2;; esac; done
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+WHEELS=(.whl/*.whl); [ "$SERVER" = 1 ] && WHEELS+=(.whl/server/*.whl)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS[@]}" || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 t0=$(date +%s)
 FLARE_BUILD_ONLY=sched,prefix_hash,jinja_vm python3 setup.py build_ext --inplace -j 8 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -20,5 +25,12 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 if [ "$TESTS" != "none" ]; then
   timeout "$TEST_TIMEOUT" python3 -m pytest -q -x -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
+if [ "$SERVER" = 1 ]; then
+  python3 tools/make_test_core.py --tokenizer .carry/llama3-tokenizer.json --output /tmp/flare-test-core \
+    > "$OUT/test_core.log" 2>&1 || { tail -20 "$OUT/test_core.log"; exit 1; }
+  FLARE_E2E_DEMO=0 FLARE_E2E_CORE=/tmp/flare-test-core timeout "$TEST_TIMEOUT" \
+    python3 -m pytest -q -p no:cacheprovider tests/server -k core 2>&1 | tee "$OUT/server_tests.log" | tail -15
+fi
+[ "$BENCH" = 1 ] || exit 0
 python3 tools/bench_gpu.py --shape "$SHAPE" --tokenizer .carry/llama3-tokenizer.json --requests "$REQUESTS" $HF $EXTRA 2>&1 \
   | tee "$OUT/bench_gpu.log" | grep -v "^\[bench_gpu.*verifying"

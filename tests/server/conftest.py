@@ -1,7 +1,8 @@
 """Fixtures: servers under test, parametrized by engine kind (see server_harness.py).
 
-FLARE_E2E_DEMO=1 adds the "demo" kind: a real ``flare-serve`` subprocess on the
-embedded demo core, running the same tests as the fake engine.
+The "demo" kind (on unless FLARE_E2E_DEMO=0) is a real ``flare-serve`` subprocess on
+the embedded demo core; FLARE_E2E_CORE=DIR adds the "core" kind, ``flare-serve DIR``
+(a GPU core in tools/gpu_check.sh). Both run the same tests as the fake engine.
 """
 
 from __future__ import annotations

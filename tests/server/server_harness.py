@@ -3,9 +3,11 @@
 ``fake``: flare.server.testing.FakeEngine, in process (Server.start) or as a
 subprocess (``python -m flare.server.testing``) for signal tests.
 ``demo``: a real ``flare-serve`` subprocess on the embedded demo core; on by
-default, skipped with FLARE_E2E_DEMO=0. The same tests run
-against both; tests that need fault injection or exact fake output ask for
-the ``fake_only`` fixture.
+default, skipped with FLARE_E2E_DEMO=0.
+``core``: a real ``flare-serve CORE`` subprocess on the core directory named by
+FLARE_E2E_CORE (off unless set; tools/gpu_check.sh sets it to a core on the GPU).
+The same tests run against every kind; tests that need fault injection or exact
+fake output ask for the ``fake_only`` fixture.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from flare.server.testing import FakeEngine, FakeEngineConfig
 
 REPO = Path(__file__).resolve().parents[2]
 # The demo kind runs by default (the real flare-serve on the SmolLM2 core); FLARE_E2E_DEMO=0 skips it.
-ENGINE_KINDS = ["fake"] + ([] if os.environ.get("FLARE_E2E_DEMO", "1") == "0" else ["demo"])
+ENGINE_KINDS = ["fake"] + ([] if os.environ.get("FLARE_E2E_DEMO", "1") == "0" else ["demo"]) + (
+    ["core"] if os.environ.get("FLARE_E2E_CORE") else [])
 LISTEN_LINE = re.compile(r"Flare listening on (http://\S+)")
 # The installed console script, or the same entry point from this checkout.
 FLARE_SERVE = [shutil.which("flare-serve")] if shutil.which("flare-serve") else [
@@ -123,6 +126,8 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
         flags += ["--shutdown-grace", str(shutdown_grace_s)]
     if kind == "demo":
         return start_subprocess([*FLARE_SERVE, *flags], kind=kind, api_key=api_key)
+    if kind == "core":
+        return start_subprocess([*FLARE_SERVE, os.environ["FLARE_E2E_CORE"], *flags], kind=kind, api_key=api_key)
     fake_flags = ["--tokens-per-s", str(tokens_per_s), "--model-queue", str(model_queue),
                   "--context-len", str(context_len)]
     if max_active:

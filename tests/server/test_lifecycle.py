@@ -17,7 +17,7 @@ from flare.errors import ExecutionError
 from flare.server.options import ConfigError, add_server_arguments, load_server_config
 from flare.server.session import Server, StartupProgress
 from flare.server.testing import FakeEngine, FakeEngineConfig
-from server_harness import assert_error, launch, post_json, request
+from server_harness import assert_error, get_json, launch, post_json, request
 
 CHAT = [{"role": "user", "content": "Stream for a while please"}]
 
@@ -65,7 +65,10 @@ def test_signal_during_streaming_finishes_responses_and_exits_0(engine_kind, sig
 
 def test_sigterm_ends_long_streams_cleanly_after_grace(engine_kind):
     served = launch(engine_kind, subprocess_mode=True, tokens_per_s=50, shutdown_grace_s=0.5)
-    thread, result = _start_stream(served, 3000)  # a minute of output: cut at the grace period
+    # A minute of output from the fake engine; the whole context from a real one (a
+    # small model on a GPU would otherwise finish inside the grace period).
+    max_tokens = 3000 if engine_kind == "fake" else get_json(served, "/v1/models")[1]["data"][0]["max_model_len"] - 64
+    thread, result = _start_stream(served, max_tokens)  # cut at the grace period
     time.sleep(0.2)
     started = time.monotonic()
     served.process.send_signal(signal.SIGTERM)
