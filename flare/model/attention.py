@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..config import PAGE_TOKENS
 
@@ -96,3 +97,21 @@ def paged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
     out = torch.matmul(probs, values.float())  # [B, Hkv, G*Q, D]
     out = out.reshape(b, hkv, group, nq, d).permute(0, 3, 1, 2, 4).reshape(b, nq, h, d)
     return out.to(q.dtype)
+
+
+def fresh_sdpa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                         batch: AttentionBatch, scale: float) -> torch.Tensor:
+    """Attention as transformers' sdpa path computes it, for rows that start at position 0.
+
+    Causal ``scaled_dot_product_attention`` over each row's first Q cached positions,
+    with no prefix and no padding: the same call, layout and dtype as transformers
+    makes for one unpadded sequence. Parity checks swap it into a decoder to separate
+    attention's rounding from everything else; serving never uses it.
+    """
+    b, nq, h, d = q.shape
+    hkv = k_pool.shape[2]
+    keys = k_pool[batch.page_table].reshape(b, -1, hkv, d)[:, :nq].transpose(1, 2)
+    values = v_pool[batch.page_table].reshape(b, -1, hkv, d)[:, :nq].transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(1, 2)

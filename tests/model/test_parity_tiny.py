@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from flare.model.contract import GraphKind
 
@@ -169,3 +169,59 @@ def _run_greedy(h):
     done = h.executor.poll(timeout=120)
     assert done is not None and done.error is None
     return done
+
+
+@pytest.mark.parametrize("scaling", [None, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                high_freq_factor=4.0, original_max_position_embeddings=256)],
+                         ids=["default", "llama3"])
+def test_bf16_rope_is_bit_identical_to_transformers(scaling):
+    """In bf16, transformers rounds the tables, each product and the sum; so must we."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from flare.model.layers import apply_rope, rope_table
+    from flare.model.spec import ModelSpec
+
+    config = LlamaConfig(**{**COMMON, "hidden_size": 512, "num_attention_heads": 4}, rope_theta=500000.0,
+                         rope_scaling=scaling, architectures=["LlamaForCausalLM"])
+    spec = ModelSpec.from_hf_config(config.to_dict())
+    gen = torch.Generator().manual_seed(9)
+    positions = torch.randint(0, 1024, (2, 40), generator=gen)
+    q = (3 * torch.randn(2, 40, 4, spec.head_dim, generator=gen)).bfloat16()  # [B, T, H, D]
+    k = (3 * torch.randn(2, 40, 2, spec.head_dim, generator=gen)).bfloat16()
+    cos_hf, sin_hf = LlamaRotaryEmbedding(config)(q, positions)
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos_hf, sin_hf)
+    cos, sin = rope_table(spec, 1024, torch.device("cpu"))
+    assert torch.equal(apply_rope(q, cos[positions], sin[positions]), want_q.transpose(1, 2))
+    assert torch.equal(apply_rope(k, cos[positions], sin[positions]), want_k.transpose(1, 2))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_bf16_forward_is_bit_identical_to_transformers_but_attention(family, tmp_path):
+    """Every rounding point outside attention is transformers': with its attention swapped
+    in, a bf16 forward over a fresh sequence gives the very same logits."""
+    import dataclasses
+
+    from flare.model.attention import AttentionBatch, fresh_sdpa_attention
+
+    torch.manual_seed(5)
+    shape = dict(COMMON, hidden_size=256, intermediate_size=512, num_attention_heads=8, rope_theta=500000.0)
+    model = (Qwen3ForCausalLM(Qwen3Config(head_dim=32, **shape)) if family == "qwen3"
+             else LlamaForCausalLM(LlamaConfig(**shape))).to(torch.bfloat16)
+    ckpt = save_tiny(model, tmp_path / "ckpt")
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    harness = Harness.export(ckpt, tmp_path / "core", context=256, chunk=128, dtype="bfloat16")
+    try:
+        programs = harness.programs
+        decoder = programs.decoder
+        decoder.ops = dataclasses.replace(decoder.ops, attention=fresh_sdpa_attention)
+        seq = torch.tensor(_prompt(4, 128))
+        pages = torch.arange(1, 3)
+        positions = torch.arange(128)[None]
+        batch = AttentionBatch(positions=positions, write_index=pages[positions // 64] * 64 + positions % 64,
+                               page_table=pages[None], kv_lens=torch.tensor([128]))
+        with torch.inference_mode():
+            ours = decoder.logits(decoder.forward(seq[None], batch, programs.kv, positions)[0])
+            want = model(seq[None]).logits[0].float()
+    finally:
+        harness.close()
+    assert torch.equal(ours, want), f"max |logit difference| {(ours - want).abs().max().item()}"

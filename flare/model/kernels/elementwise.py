@@ -53,6 +53,23 @@ def _rms_norm_kernel(
 
 
 @triton.jit
+def _rotate_half(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
+    """``x * cos + rotate_half(x) * sin`` with rotate_half(x) = [-x2, x1], rounded as
+    layers.apply_rope (transformers) rounds: the float32 tables to ``dtype``, then each
+    product and each sum. x1/x2 are float32 holding ``dtype`` values.
+    """
+    c1 = c1.to(dtype).to(tl.float32)
+    c2 = c2.to(dtype).to(tl.float32)
+    s1 = s1.to(dtype).to(tl.float32)
+    s2 = s2.to(dtype).to(tl.float32)
+    a1 = (x1 * c1).to(dtype).to(tl.float32)
+    b1 = (x2 * s1).to(dtype).to(tl.float32)
+    a2 = (x2 * c2).to(dtype).to(tl.float32)
+    b2 = (x1 * s2).to(dtype).to(tl.float32)
+    return (a1 - b1).to(dtype), (a2 + b2).to(dtype)
+
+
+@triton.jit
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr,
     inner, num_heads, half,
@@ -71,14 +88,15 @@ def _rope_kernel(
     x2 = tl.load(x_row + half, mask=mask, other=0.0).to(tl.float32)
     c_row = cos_ptr + outer.to(tl.int64) * s_co + within * s_ci + cols
     s_row = sin_ptr + outer.to(tl.int64) * s_so + within * s_si + cols
-    c1 = tl.load(c_row, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    c2 = tl.load(c_row + half, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    s1 = tl.load(s_row, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    s2 = tl.load(s_row + half, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    # rotate_half(x) = [-x2, x1]
+    dtype = out_ptr.dtype.element_ty
+    c1 = tl.load(c_row, mask=col_ok, other=0.0)[None, :]
+    c2 = tl.load(c_row + half, mask=col_ok, other=0.0)[None, :]
+    s1 = tl.load(s_row, mask=col_ok, other=0.0)[None, :]
+    s2 = tl.load(s_row + half, mask=col_ok, other=0.0)[None, :]
+    out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, dtype)
     out_row = out_ptr + (token.to(tl.int64) * num_heads + heads[:, None]) * (2 * half) + cols[None, :]
-    tl.store(out_row, (x1 * c1 - x2 * s1).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_row + half, (x2 * c2 + x1 * s2).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_row, out1, mask=mask)
+    tl.store(out_row + half, out2, mask=mask)
 
 
 @triton.jit
@@ -136,8 +154,7 @@ def _qkv_rope_write_kernel(
     c2 = tl.load(c_row + half + cols, mask=ok, other=0.0)
     s1 = tl.load(s_row + cols, mask=ok, other=0.0)
     s2 = tl.load(s_row + half + cols, mask=ok, other=0.0)
-    out1 = (x1 * c1 - x2 * s1).to(dtype)  # rotate_half(x) = [-x2, x1]
-    out2 = (x2 * c2 + x1 * s2).to(dtype)
+    out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, dtype)
     if is_q:
         dst = q_ptr + (token.to(tl.int64) * num_heads + head) * d
         tl.store(dst + cols, out1, mask=ok)
