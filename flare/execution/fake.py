@@ -11,21 +11,27 @@ would with a real model. Snapshot rows hold a copy of the tail page and the
 position, so restores are checked too.
 
 Completions are produced synchronously at submit (``poll`` returns them in
-order) unless ``manual=True``, in which case :meth:`step` releases them.
+order) unless ``manual=True``, in which case :meth:`step` releases them, or a
+``device_time`` cost model is given: then a simulated device runs the graphs
+back to back in submission order, each for ``device_time(graph)`` seconds of
+wall time, and ``poll`` releases a completion only once the device has finished
+it. A host pipeline that submits late leaves the simulated device idle, exactly
+as it would a GPU, so host overhead can be measured without one
+(tools/bench_host.py).
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import ExecutionError
 from ..model.contract import (
     REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION,
-    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, PreparedContract,
+    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract,
 )
 from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -41,8 +47,14 @@ def toy_token(history: np.ndarray, vocab: int, salt: int = 0) -> int:
 
 class FakeExecutor(FenceTimeline):
     def __init__(self, contract: PreparedContract, *, duration_ns: int = 1_000_000, manual: bool = False,
-                 eos_token: int | None = None, eos_every: int = 0, read_history: bool = True):
+                 eos_token: int | None = None, eos_every: int = 0, read_history: bool = True,
+                 device_time: Callable[[GraphSpec], float] | None = None):
+        if manual and device_time is not None:
+            raise ValueError("manual and device_time are exclusive")
         self.contract = contract
+        self.device_time = device_time
+        self._device_free = 0.0  # perf_counter time at which the simulated device goes idle
+        self._finish_at: collections.deque[float] = collections.deque()
         # False: tokens depend only on (slot, position), for host-overhead benchmarks
         self.read_history = read_history
         self.duration_ns = duration_ns
@@ -93,10 +105,16 @@ class FakeExecutor(FenceTimeline):
             self.poison = error
         else:
             self._run(graph)
+        duration_ns = self.duration_ns
+        if self.device_time is not None:
+            cost = self.device_time(graph)
+            self._device_free = max(time.perf_counter(), self._device_free) + cost
+            self._finish_at.append(self._device_free)
+            duration_ns = int(cost * 1e9)
         self._queue.append(ExecutionCompletion(fence, graph_index, self.records.copy(),
                                                np.zeros((1, 1), np.float32), np.zeros((1, 1), np.int64),
-                                               self.duration_ns, error))
-        if not self.manual:
+                                               duration_ns, error))
+        if not self.manual and self.device_time is None:
             self._ready = len(self._queue)
         return fence
 
@@ -105,6 +123,14 @@ class FakeExecutor(FenceTimeline):
         self._ready = min(len(self._queue), self._ready + count)
 
     def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
+        if self._finish_at:
+            wait = self._finish_at[0] - time.perf_counter()
+            if wait > 0 and timeout:
+                time.sleep(min(wait, timeout))
+                wait = self._finish_at[0] - time.perf_counter()
+            if wait <= 0:
+                self._finish_at.popleft()
+                self._ready += 1
         if not self._ready:
             if timeout:
                 time.sleep(min(timeout, 0.001))

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Host-pipeline benchmark: can the host keep a GPU busy? Measured without one.
+
+The real HTTP server, frontend, runtime loop and scheduler serve
+tools/bench_serving.py's load (random prompts, streaming, concurrency 64), but the
+executor is FakeExecutor with a simulated device: each graph occupies it for the
+time a cost model gives (defaults: the H200 Llama-3-8B figures in
+docs/benchmarks.md), back to back in submission order. Whenever the host is late
+to submit, the simulated device idles, so
+
+    busy fraction (all slots live) = simulated device time / wall time
+
+is the share of a real GPU's time the host pipeline would keep filled. Tokens are
+toy IDs detokenized by a real Llama 3 tokenizer (the test fixture), so streaming
+and detokenization cost what they cost in serving.
+
+    python tools/bench_host.py [--requests 256] [--concurrency 64] [--profile out.txt]
+
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from busy import BusySampler  # noqa: E402
+
+
+def cost_model(args):
+    """Seconds a graph occupies the device: decode interpolated between the batch-1 and
+    batch-64 step times, prefill the weight pass plus compute per token."""
+    from flare.model.contract import GraphKind
+
+    def device_time(graph) -> float:
+        if graph.kind == GraphKind.DECODE:
+            ms = args.decode_ms + (args.decode_ms_64 - args.decode_ms) * (graph.batch - 1) / 63
+        elif graph.kind == GraphKind.PREFILL:
+            ms = args.decode_ms + args.prefill_ms_per_token * graph.batch * graph.tokens
+        else:  # initialize / snapshot / restore / resume: small copies and a sample
+            ms = args.small_ms
+        return ms * 1e-3
+
+    return device_time
+
+
+def build_engine(args):
+    from flare import fixtures
+    from flare.core.format import load_core
+    from flare.execution.fake import FakeExecutor
+    from flare.model.contract import PreparedContract
+    from flare.native import NativeModel, core_identity
+    from flare.scheduler.scheduler import RequestScheduler
+    from flare.server.native_engine import NativeEngine, load_frontend
+    from flare.server.runtime import ModelRuntime
+
+    core_dir = fixtures.cache_dir() / "bench-host-core"
+    if not (core_dir / "core.json").exists():
+        # A one-layer random core: only its tokenizer, template and identity are used.
+        subprocess.run([sys.executable, str(Path(__file__).parent / "make_test_core.py"),
+                        "--tokenizer", str(fixtures.llama3_tokenizer_json()), "--output", str(core_dir),
+                        "--dtype", "float32", "--layers", "1", "--hidden", "128", "--context", str(args.context),
+                        "--max-active", "64", "--prefill-chunk", str(args.prefill_chunk)], check=True)
+    core = load_core(core_dir)
+    frontend = load_frontend(core)
+    pages_per_request = -(-args.context // 64)
+    contract = PreparedContract.build(
+        max_active=args.concurrency, context=args.context, prefill_chunk_size=args.prefill_chunk,
+        num_pages=args.concurrency * pages_per_request + 64, num_snapshot_rows=2 * args.concurrency,
+        vocab_size=core.recipe.vocab_size, hidden_size=core.recipe.hidden_size)
+    executor = FakeExecutor(contract, read_history=False, device_time=cost_model(args))
+    scheduler = RequestScheduler(contract, core_identity(core), eos_token_ids=core.recipe.eos_token_ids)
+    runtime = ModelRuntime(scheduler, executor, decoder_factory=frontend.incremental_decoder,
+                           capacity=args.requests + args.concurrency)
+    model = NativeModel(core, SimpleNamespace(contract=contract), executor, runtime, tokenizer=None)
+    return NativeEngine(model, frontend, ("bench",)), contract
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--decode-ms", type=float, default=5.64, help="simulated batch-1 decode step")
+    parser.add_argument("--decode-ms-64", type=float, default=7.74, help="simulated batch-64 decode step")
+    parser.add_argument("--prefill-ms-per-token", type=float, default=0.027)
+    parser.add_argument("--small-ms", type=float, default=0.05)
+    parser.add_argument("--profile", type=Path, help="write a cProfile of the server process here")
+    args = parser.parse_args()
+    from flare.config import ServerConfig
+    from flare.server.session import Server
+
+    engine, contract = build_engine(args)
+    session = Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=args.requests,
+                                                log_level="warning"))
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+    try:
+        t0 = time.perf_counter()
+        busy0 = engine.stats()["device_busy_seconds"]
+        if profiler:
+            profiler.enable()
+        with BusySampler(engine, full=contract.max_active) as sampler:
+            run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
+                                  "--url", session.base_url, "--model", "bench", "--requests", str(args.requests),
+                                  "--concurrency", str(args.concurrency), "--input-len", str(args.input_len),
+                                  "--output-len", str(args.output_len), "--vocab", "120000"],
+                                 capture_output=True, text=True, timeout=1800)
+        if profiler:
+            profiler.disable()
+        wall = time.perf_counter() - t0
+        busy = engine.stats()["device_busy_seconds"] - busy0
+    finally:
+        session.close(grace_s=1.0)
+    if run.returncode != 0 or not run.stdout.strip():
+        print(run.stderr[-3000:], file=sys.stderr)
+        return 1
+    print(run.stdout.strip().splitlines()[0])
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    steady, steady_s = sampler.steady()
+    out = {"busy_fraction_steady": round(steady, 3), "steady_s": round(steady_s, 1),
+           "busy_fraction_whole_run": round(busy / wall, 3), "wall_s": round(wall, 1),
+           "output_tok_s": result["output_tok_s"], "ttft_p50_ms": result["ttft_p50_ms"],
+           "itl_p50_ms": result["itl_p50_ms"], "itl_p99_ms": result["itl_p99_ms"],
+           "simulated_decode_ms": [args.decode_ms, args.decode_ms_64]}
+    print(f"simulated device busy {steady:.1%} of {steady_s:.1f} s with all {contract.max_active} slots live, "
+          f"{busy / wall:.1%} of the whole {wall:.1f} s")
+    if profiler:
+        import io
+        import pstats
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+        args.profile.write_text(text.getvalue())
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
