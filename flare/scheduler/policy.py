@@ -116,10 +116,15 @@ class Selection:
             value = sum(self.pol.terminal_value + self.pol.terminal_age_price * (now - r.finished_at) * 1e3
                         for r in finishing)
             out.append((GraphKind.SNAPSHOT, s.graph_for(GraphKind.SNAPSHOT, len(rows)), rows, value))
+        largest_chunk = s.contract.prefill_chunk_size
         for r in by_phase.get(Phase.PREFILLING, ()):
             planned = r.planned
             remaining = r.next_stop - planned
-            price = self.price(r)
+            # The token-service price is paid per token served: a chunk earns the share of
+            # it that its tokens are of the request's largest feasible chunk. (Paid whole to
+            # any chunk, it would make the smallest capacity the best value per millisecond
+            # and cut prompts into 64-token steps that each cost a full weight pass.)
+            price_per_token = self.price(r) / min(remaining, largest_chunk)
             last_tokens = -1
             for g in s.graphs_of(GraphKind.PREFILL):
                 k = min(g.tokens, remaining)
@@ -130,7 +135,7 @@ class Selection:
                     break
                 sample = planned + k == r.prompt_len
                 rows = [PlanRow(r.rid, r.handle, r.epoch, planned, k, sample, -1)]
-                out.append((GraphKind.PREFILL, g, rows, k + price + (unit if sample else 0.0)))
+                out.append((GraphKind.PREFILL, g, rows, k * (1.0 + price_per_token) + (unit if sample else 0.0)))
         return out
 
     # -- selection -------------------------------------------------------------

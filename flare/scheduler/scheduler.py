@@ -263,8 +263,10 @@ class RequestScheduler:
         self._admit_queued(now)
         window = self.inflight
         if window:
-            if len(window) >= 2 or any(s.plan.kind != GraphKind.DECODE or s.plan.is_refresh
-                                       or s.plan.estimate_ns == 0 for s in window):
+            # Any measured step may queue behind another: a candidate's requests have
+            # nothing in flight, so the two never touch the same request state, and the
+            # device runs them in order. Unmeasured and refresh dispatches run alone.
+            if len(window) >= 2 or any(s.plan.is_refresh or s.plan.estimate_ns == 0 for s in window):
                 return None
             # NOTE: the oldest queued graph running past its expected finish stops queueing.
             if now - self._oldest_submit > 1.5 * window[0].plan.estimate_ns * 1e-9 + 0.002:
@@ -297,8 +299,8 @@ class RequestScheduler:
                 self.timing.idle()
             return None
         plan = sel.select(candidates, decode, now)
-        if window and (plan.kind != GraphKind.DECODE or plan.is_refresh):
-            return None  # the winner needs an empty window: let the queued decode drain
+        if window and (plan.is_refresh or plan.estimate_ns == 0):
+            return None  # the winner must run alone to be measured: let the window drain
         return plan
 
     # -- commit -------------------------------------------------------------
