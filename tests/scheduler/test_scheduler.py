@@ -281,6 +281,36 @@ def test_fairness_no_starvation():
     assert all(len(d.tokens[r]) > 40 for r in decoders), "decoders starved during the long prefill"
 
 
+def test_waiting_prompt_prefills_in_full_chunks_when_every_step_costs_a_weight_pass():
+    """On a GPU a 64-token chunk costs nearly what a 256-token chunk does (both read every
+    weight). The fairness price must not make the smallest chunk the best value per ms."""
+    sched, ex, d, clock = make(max_active=8, pages=400, context=4096, chunk=256)
+    submit = ex.submit
+
+    def timed_submit(graph_index, uploads):
+        graph = sched.contract.graphs[graph_index]
+        tokens = graph.batch * graph.tokens if graph.kind == GraphKind.PREFILL else 0
+        ex.duration_ns = 5_000_000 + 10_000 * tokens  # weight pass + compute per prompt token
+        return submit(graph_index, uploads)
+
+    ex.submit = timed_submit
+    _warm(sched, d)
+    decoders = [sched.submit(prompt(tokens(30 + i, 20)), params(400), i) for i in range(6)]
+    for _ in range(40):
+        d.pump()
+        clock.now += 0.005
+    long_rid = sched.submit(prompt(tokens(50, 3000)), params(2), 0)
+    for _ in range(3000):
+        d.pump()
+        clock.now += 0.005
+        if long_rid in d.ended:
+            break
+    assert long_rid in d.ended
+    chunks = [s.rows[0].num_tokens for s in d.steps if s.plan.kind == GraphKind.PREFILL and s.rows[0].rid == long_rid]
+    assert chunks[:-1] == [256] * (len(chunks) - 1), chunks
+    assert all(len(d.tokens[r]) > 20 for r in decoders), "decoders starved during the long prefill"
+
+
 def test_timing_staleness_and_refresh_budget():
     sched, ex, d, clock = make(pages=200)
     _warm(sched, d)
