@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -408,3 +409,30 @@ def test_greedy_cohorts_use_the_greedy_decode_variant():
     mixed = [s for s in d.steps if s.plan.kind == GraphKind.DECODE and any(r.rid in (sampled, other) for r in s.rows)]
     assert mixed and not any(sched.contract.graphs[s.plan.graph_index].greedy for s in mixed)
     assert d.ended[greedy].reason == "length" and len(d.tokens[sampled]) == 6
+
+
+def test_simulated_device_runs_graphs_back_to_back_and_idles_while_the_host_is_late():
+    """FakeExecutor(device_time=...) (tools/bench_host.py): a completion arrives only once the
+    simulated device has run every earlier graph and this one; a late submission starts late."""
+    c = contract(pages=200)
+    sched = RequestScheduler(c, IDENTITY)
+    ex = FakeExecutor(c, device_time=lambda graph: 0.02)
+    d = Driver(sched, ex)
+    rid = sched.submit(prompt(tokens(5, 20)), params(3), 0)
+    d.pump()  # the first (unmeasured) step runs alone
+    assert ex.outstanding == 1 and ex.poll(0) is None  # not finished yet
+    started = time.perf_counter()
+    done = ex.poll(1.0)
+    assert done is not None and done.duration_ns == 20_000_000
+    assert time.perf_counter() - started > 0.01
+    sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+    time.sleep(0.05)  # the host is late: the device idles, and the next graph starts now
+    d.pump()
+    submitted = time.perf_counter()
+    done = ex.poll(1.0)
+    assert time.perf_counter() - submitted > 0.015, "a late submission must not inherit the idle time"
+    sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+    t0, steps_before = time.perf_counter(), len(d.steps)
+    d.run()
+    assert d.ended[rid].reason == "length"
+    assert time.perf_counter() - t0 >= 0.019 * (len(d.steps) - steps_before)  # each occupied the device
