@@ -210,26 +210,34 @@ class ModelRuntime:
                     return
             progressed = bool(arrivals or cancels)
             while (done := ex.poll(0)) is not None:
-                self._complete(done)
+                self._complete(done, closing)
                 progressed = True
-            while not closing and ex.can_submit():
-                plan = sched.plan()
-                if plan is None:
-                    break
-                step = sched.commit(plan, ex.next_fence)
-                ex.submit(plan.graph_index, pack_step(self.inputs, step))
-                if plan.kind == GraphKind.PREFILL:
-                    self.counters.prompt_tokens += sum(r.num_tokens for r in step.rows)
+            if self._fill_window(closing):
                 progressed = True
             if progressed:
                 continue
             if ex.outstanding:
                 done = ex.poll(BUSY_POLL_S)
                 if done is not None:
-                    self._complete(done)
+                    self._complete(done, closing)
             else:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
+
+    def _fill_window(self, closing: bool) -> bool:
+        """Plan, commit and submit while the executor has a free frame; whether any was."""
+        ex, sched = self.executor, self.scheduler
+        submitted = False
+        while not closing and ex.can_submit():
+            plan = sched.plan()
+            if plan is None:
+                break
+            step = sched.commit(plan, ex.next_fence)
+            ex.submit(plan.graph_index, pack_step(self.inputs, step))
+            if plan.kind == GraphKind.PREFILL:
+                self.counters.prompt_tokens += sum(r.num_tokens for r in step.rows)
+            submitted = True
+        return submitted
 
     def _admit(self, consumer: _Consumer) -> None:
         params = consumer.params
@@ -253,11 +261,16 @@ class ModelRuntime:
         self.counters.requests_cancelled += 1
         self._end(consumer, event)
 
-    def _complete(self, done: ExecutionCompletion) -> None:
+    def _complete(self, done: ExecutionCompletion, closing: bool) -> None:
         if done.error is not None:
             raise done.error
         result = self.scheduler.complete(done.fence, done.graph_index, done.records, done.duration_ns)
         self.counters.device_busy_ns += done.duration_ns
+        # Refill the freed frame before the host work of publishing (detokenizing and
+        # handing tokens to every stream), so the device never waits on it. A request
+        # that publishing then finishes (a stop string) may get one more pipelined step,
+        # which the scheduler validates and discards like any step after an end.
+        self._fill_window(closing)
         self._publish(result, done)
 
     def _publish(self, result: StepResult, done: ExecutionCompletion) -> None:
