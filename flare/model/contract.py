@@ -151,6 +151,12 @@ class PreparedContract:
             add(GraphKind.DECODE, b, greedy=True)
         for t in base.prefill_capacities:
             add(GraphKind.PREFILL, 1, t)
+        # Cohort prefill: several requests' chunks in one step, within the same token
+        # budget as the largest single chunk (short prompts no longer take a weight pass each).
+        for b in base.batch_capacities[1:]:
+            for t in base.prefill_capacities:
+                if b * t <= base.prefill_chunk_size:
+                    add(GraphKind.PREFILL, b, t)
         # INITIALIZE marks one request's prompt tokens (step.prompt), so it runs per request.
         add(GraphKind.INITIALIZE, 1)
         for kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.RESUME):

@@ -131,6 +131,9 @@ def _flat_extent(array: np.ndarray, index) -> tuple[int, int]:
     return index * row, (index + 1) * row
 
 
+_NO_TOKENS = np.zeros(0, dtype=np.int64)
+
+
 def pack_step(inputs: Inputs, step) -> list[Upload]:
     """Pack a :class:`flare.scheduler.plan.CommittedStep` into uploads for its graph."""
     from .contract import GraphKind
@@ -150,6 +153,8 @@ def pack_step(inputs: Inputs, step) -> list[Upload]:
     if kind == GraphKind.PREFILL:
         for i, (tokens, _) in enumerate(step.extras):
             inputs.set_prefill_row(i, tokens, bool(cols.sample[i]))
+        for i in range(len(step.extras), plan.batch):  # padding rows consume and sample nothing
+            inputs.set_prefill_row(i, _NO_TOKENS, False)
     elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
         inputs.set_snapshot_rows(cols.snapshot, plan.batch)
     return inputs.take()

@@ -116,15 +116,11 @@ class Selection:
             value = sum(self.pol.terminal_value + self.pol.terminal_age_price * (now - r.finished_at) * 1e3
                         for r in finishing)
             out.append((GraphKind.SNAPSHOT, s.graph_for(GraphKind.SNAPSHOT, len(rows)), rows, value))
-        largest_chunk = s.contract.prefill_chunk_size
-        for r in by_phase.get(Phase.PREFILLING, ()):
+        prefilling = by_phase.get(Phase.PREFILLING, [])
+        for r in prefilling:
             planned = r.planned
             remaining = r.next_stop - planned
-            # The token-service price is paid per token served: a chunk earns the share of
-            # it that its tokens are of the request's largest feasible chunk. (Paid whole to
-            # any chunk, it would make the smallest capacity the best value per millisecond
-            # and cut prompts into 64-token steps that each cost a full weight pass.)
-            price_per_token = self.price(r) / min(remaining, largest_chunk)
+            per_token = self.prefill_price_per_token(r)
             last_tokens = -1
             for g in s.graphs_of(GraphKind.PREFILL):
                 k = min(g.tokens, remaining)
@@ -135,7 +131,47 @@ class Selection:
                     break
                 sample = planned + k == r.prompt_len
                 rows = [PlanRow(r.rid, r.handle, r.epoch, planned, k, sample, -1)]
-                out.append((GraphKind.PREFILL, g, rows, k * (1.0 + price_per_token) + (unit if sample else 0.0)))
+                out.append((GraphKind.PREFILL, g, rows, k * (1.0 + per_token) + (unit if sample else 0.0)))
+        if len(prefilling) > 1:
+            out.extend(self.prefill_cohorts(prefilling, free_pages))
+        return out
+
+    def prefill_price_per_token(self, r: LiveRequest) -> float:
+        """The token-service price is paid per token served: a chunk earns the share of it
+        that its tokens are of the request's largest feasible chunk. (Paid whole to any
+        chunk, it would make the smallest capacity the best value per millisecond and cut
+        prompts into 64-token steps that each cost a full weight pass.)"""
+        return self.price(r) / min(r.next_stop - r.planned, self.s.contract.prefill_chunk_size)
+
+    def prefill_cohorts(self, prefilling: list[LiveRequest], free_pages: int) -> list[Candidate]:
+        """Cohort prefill candidates: the most indebted requests first, each row consuming
+        what the token capacity allows up to its next stop. A batch capacity that a smaller
+        one could hold, or a token capacity consuming the same tokens as a smaller one, is
+        dominated and skipped."""
+        s, unit = self.s, self.pol.output_token_value
+        order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
+        out: list[Candidate] = []
+        last: tuple[int, tuple[int, ...]] | None = None
+        for g in s.cohort_prefill_graphs:  # by (batch, tokens)
+            if len(order) <= g.batch // 2:
+                break  # every larger batch is dominated too
+            rows, value, pages = [], 0.0, free_pages
+            for r in order[:g.batch]:
+                k = min(g.tokens, r.next_stop - r.planned)
+                need = s.new_pages_needed(r, r.planned + k)
+                if need > pages:
+                    continue
+                pages -= need
+                sample = r.planned + k == r.prompt_len
+                rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1))
+                value += k * (1.0 + self.prefill_price_per_token(r)) + (unit if sample else 0.0)
+            if len(rows) < 2:
+                continue
+            work = (g.batch, tuple(row.num_tokens for row in rows))
+            if last is not None and work == last:
+                continue  # a smaller token capacity consumes the same tokens
+            last = work
+            out.append((GraphKind.PREFILL, g, rows, value))
         return out
 
     # -- selection -------------------------------------------------------------

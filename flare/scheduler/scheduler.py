@@ -99,6 +99,9 @@ class RequestScheduler:
             (greedy_decode if g.greedy else self._graphs.setdefault(g.kind, [])).append(g)
         for graphs in (*self._graphs.values(), greedy_decode):
             graphs.sort(key=lambda g: (g.batch, g.tokens))
+        # PREFILL graphs of one request (by token capacity) and cohort prefill graphs (b > 1)
+        self.cohort_prefill_graphs = [g for g in self._graphs[GraphKind.PREFILL] if g.batch > 1]
+        self._graphs[GraphKind.PREFILL] = [g for g in self._graphs[GraphKind.PREFILL] if g.batch == 1]
         self.decode_graphs = sorted(self._graphs[GraphKind.DECODE] + greedy_decode, key=lambda g: g.batch)
         # decode graph per cohort size: [general, greedy] (greedy: all rows argmax, no logprobs)
         self._decode_graph_for = [None] + [

@@ -104,6 +104,22 @@ class Harness:
             assert done.records[slot, REC_CONSUMED] == pos
         return int(done.records[slot, REC_TOKEN0])
 
+    def prefill_together(self, prompts: dict[int, np.ndarray], batch: int, tokens: int) -> dict[int, int]:
+        """Prefill whole prompts of several slots in one PREFILL b{batch} t{tokens} step (the rows
+        past len(prompts) are padding); returns each slot's sampled token."""
+        slots = list(prompts)
+        for slot, p in prompts.items():
+            self.alloc_pages(slot, len(p) + 1)
+        self.inputs.set_rows(slots, batch)
+        for i, p in enumerate(prompts.values()):
+            self.inputs.set_prefill_row(i, p, sample=True)
+        for i in range(len(slots), batch):
+            self.inputs.set_prefill_row(i, np.zeros(0, dtype=np.int64), sample=False)
+        done = self.run(GraphKind.PREFILL, batch, tokens)
+        for slot, p in prompts.items():
+            assert done.records[slot, REC_CONSUMED] == len(p)
+        return {slot: int(done.records[slot, REC_TOKEN0]) for slot in slots}
+
     def decode(self, slots: list[int]) -> dict[int, int]:
         cap = next(b for b in self.contract.batch_capacities if b >= len(slots))
         for s in slots:

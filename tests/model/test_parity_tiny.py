@@ -87,6 +87,25 @@ def test_prefill_and_decode_match_transformers(tiny, length, chunks):
     _check(model, prompt, tokens, logits)
 
 
+def test_cohort_prefill_of_ragged_prompts(tiny):
+    """Two prompts of different lengths prefilled in one b2 step, a third alone in the same
+    graph (a padding row), then all decoded together: each matches transformers on its own."""
+    model, h = tiny
+    prompts = {slot: _prompt(40 + slot, n) for slot, n in zip((1, 2, 3), (37, 5, 60))}
+    for slot, p in prompts.items():
+        h.admit(slot, prompt=p)
+    first = h.prefill_together({1: prompts[1], 2: prompts[2]}, batch=2, tokens=64)
+    first |= h.prefill_together({3: prompts[3]}, batch=2, tokens=64)
+    tokens = {slot: [first[slot]] for slot in prompts}
+    logits = {slot: [h.logits(slot)] for slot in prompts}
+    for _ in range(7):
+        for slot, token in h.decode(list(prompts)).items():
+            tokens[slot].append(token)
+            logits[slot].append(h.logits(slot))
+    for slot, p in prompts.items():
+        _check(model, p, tokens[slot], logits[slot])
+
+
 def test_ragged_batch_decode(tiny):
     model, h = tiny
     prompts = {s: _prompt(100 + s, n) for s, n in zip((1, 2, 3, 4), (5, 70, 131, 64))}

@@ -436,3 +436,21 @@ def test_simulated_device_runs_graphs_back_to_back_and_idles_while_the_host_is_l
     d.run()
     assert d.ended[rid].reason == "length"
     assert time.perf_counter() - t0 >= 0.019 * (len(d.steps) - steps_before)  # each occupied the device
+
+
+def test_short_prompts_prefill_together_and_match_solo_runs():
+    """Waiting prompts share cohort PREFILL graphs (several rows, ragged lengths, padding
+    rows), and each request still generates exactly its solo tokens."""
+    sched, ex, d, clock = make(max_active=8, pages=300, chunk=256)
+    _warm(sched, d)
+    specs = [(tokens(100 + i, n), 6) for i, n in enumerate([20, 45, 70, 3, 64, 130, 33])]
+    rids = [sched.submit(prompt(p), params(m), 3) for p, m in specs]
+    d.run()
+    cohorts = [s for s in d.steps if s.plan.kind == GraphKind.PREFILL and len(s.rows) > 1]
+    assert cohorts, "no cohort prefill was chosen"
+    assert any(len(s.rows) < s.plan.batch for s in cohorts) or any(len({r.num_tokens for r in s.rows}) > 1
+                                                                   for s in cohorts)
+    for rid, (p, m) in zip(rids, specs):
+        assert d.tokens[rid] == alone(p, m, 3)
+        assert d.ended[rid].reason == "length"
+    assert sched.num_live == 0 and sched.reserved_pages == 0
