@@ -155,19 +155,21 @@ def _qkv_rope_write_kernel(
     s1 = tl.load(s_row + cols, mask=ok, other=0.0)
     s2 = tl.load(s_row + half + cols, mask=ok, other=0.0)
     out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, dtype)
+    # (Names differ between the branches: compiled Triton needs a variable bound in both
+    # branches of a runtime `if` to have one type.)
     if is_q:
-        dst = q_ptr + (token.to(tl.int64) * num_heads + head) * d
-        tl.store(dst + cols, out1, mask=ok)
-        tl.store(dst + half + cols, out2, mask=ok)
+        q_dst = q_ptr + (token.to(tl.int64) * num_heads + head) * d
+        tl.store(q_dst + cols, out1, mask=ok)
+        tl.store(q_dst + half + cols, out2, mask=ok)
     else:
         kv_head = head - num_heads
         slot = tl.load(widx_ptr + token)
-        dst = (slot * num_kv + kv_head) * d
-        tl.store(k_pool_ptr + dst + cols, out1, mask=ok)
-        tl.store(k_pool_ptr + dst + half + cols, out2, mask=ok)
+        kv_offset = (slot * num_kv + kv_head) * d
+        tl.store(k_pool_ptr + kv_offset + cols, out1, mask=ok)
+        tl.store(k_pool_ptr + kv_offset + half + cols, out2, mask=ok)
         v_src = row + (num_heads + num_kv + kv_head) * d
-        tl.store(v_pool_ptr + dst + cols, tl.load(v_src + cols, mask=ok, other=0.0), mask=ok)
-        tl.store(v_pool_ptr + dst + half + cols, tl.load(v_src + half + cols, mask=ok, other=0.0), mask=ok)
+        tl.store(v_pool_ptr + kv_offset + cols, tl.load(v_src + cols, mask=ok, other=0.0), mask=ok)
+        tl.store(v_pool_ptr + kv_offset + half + cols, tl.load(v_src + half + cols, mask=ok, other=0.0), mask=ok)
 
 
 def _lead_view(t: torch.Tensor, keep: int) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""Every Triton kernel launch of the CUDA path compiles for the H200 (sm_90), without a GPU.
+
+The interpreter (tests/kernels/interpreted) checks what the kernels compute, but it
+accepts programs that the compiler rejects (a variable bound to a pointer in one
+branch of a runtime ``if`` and to an integer in the other, say). Here each kernel
+wrapper runs on CPU tensors with Triton's launch intercepted; every intercepted
+launch (its argument types, constexprs and launch options) is then compiled to a
+cubin for sm_90 by Triton's own compiler and ptxas, which need no device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("compilation needs the compiler, not the interpreter", allow_module_level=True)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from flare.model import kernels  # noqa: E402
+from flare.model.attention import AttentionBatch  # noqa: E402
+from flare.model.kernels import GemvConfig  # noqa: E402
+
+from .paged_cases import build_case  # noqa: E402
+
+H200 = GPUTarget("cuda", 90, 32)
+_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
+          torch.int32: "*i32", torch.uint8: "*u8"}
+_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
+
+
+def _signature(fn: JITFunction, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
+    bound = dict(zip(fn.arg_names, args)) | {k: v for k, v in kwargs.items() if k in fn.arg_names}
+    signature, constexprs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        value = bound.get(name, fn.params[i].default if hasattr(fn.params[i], "default") else None)
+        if i in fn.constexprs:
+            signature[name] = "constexpr"
+            constexprs[name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = _TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: cannot type argument {name}={value!r}")
+    options = {k: v for k, v in kwargs.items() if k in _OPTIONS}
+    return signature, constexprs, options
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    seen: list[tuple[JITFunction, tuple, dict]] = []
+
+    def intercept(self, *args, grid, warmup, **kwargs):
+        seen.append((self, args, kwargs))
+
+    monkeypatch.setattr(JITFunction, "run", intercept)
+    return seen
+
+
+def _compile_all(seen) -> list[str]:
+    compiled = set()
+    for fn, args, kwargs in seen:
+        signature, constexprs, options = _signature(fn, args, kwargs)
+        key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(map(repr, constexprs.items()))),
+               tuple(sorted(options.items())))
+        if key in compiled:
+            continue
+        options.pop("launch_pdl", None)
+        binary = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=H200,
+                                options=options)
+        assert binary.asm.get("cubin"), f"{fn.__name__}: no cubin"
+        compiled.add(key)
+    return sorted({k[0] for k in compiled})
+
+
+def _bf16(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def test_elementwise_kernels_compile_for_sm90(launches):
+    x, w = _bf16(4, 4096), _bf16(4096, seed=1)
+    kernels.rms_norm(x, w, 1e-5)
+    kernels.add_rms_norm(x, _bf16(4, 4096, seed=2), w, 1e-5)
+    q = _bf16(2, 3, 48 * 128)[..., :32 * 128].view(2, 3, 32, 128)  # a strided head slice
+    kernels.apply_rope(q, torch.randn(2, 3, 128), torch.randn(2, 3, 128))
+    kernels.silu_mul(_bf16(2, 2 * 14336))
+    table = torch.randn(4096, 128)
+    for norm in (None, _bf16(128)):
+        for b, nq in ((8, 1), (2, 256)):  # decode and (cohort) prefill
+            pool = torch.zeros(40, 64, 8, 128, dtype=torch.bfloat16)
+            kernels.qkv_rope_write(_bf16(b, nq, 48 * 128), 32, norm, norm, 1e-5, table, table,
+                                   torch.zeros(b, nq, dtype=torch.int64), torch.zeros(b, nq, dtype=torch.int64),
+                                   pool, pool.clone())
+    names = _compile_all(launches)
+    assert {"_rms_norm_kernel", "_rope_kernel", "_silu_mul_kernel", "_qkv_rope_write_kernel"} <= set(names), names
+
+
+def test_gemv_kernels_compile_for_sm90(launches):
+    w = _bf16(4096, 4096)
+    for rows in (1, 2, 8):
+        kernels.linear_small_m(_bf16(rows, 4096), w)
+    kernels.linear_small_m(_bf16(4, 1024), _bf16(256, 1024), config=GemvConfig(split_k=4))  # + the split sum
+    kernels.linear_small_m(_bf16(2, 4096), w, _bf16(4096), config=GemvConfig(mode="dot"))
+    names = _compile_all(launches)
+    assert {"_linear_small_m_kernel", "_sum_splits_kernel"} <= set(names), names
+
+
+def test_attention_kernels_compile_for_sm90(launches):
+    decode = build_case(kv_lens=[1, 64, 700], q_len=1, num_heads=32, num_kv_heads=8, head_dim=128,
+                        max_pages=12, dtype=torch.bfloat16)
+    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale)
+    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, num_splits=1)
+    prefill = build_case(kv_lens=[300, 90], q_len=128, num_heads=32, num_kv_heads=8, head_dim=128,
+                         max_pages=6, dtype=torch.bfloat16, num_new=[128, 90])
+    kernels.paged_prefill_attention(prefill.q, prefill.k_pool, prefill.v_pool, prefill.batch, prefill.scale)
+    assert isinstance(prefill.batch, AttentionBatch)
+    names = _compile_all(launches)
+    assert len(names) >= 2, names
