@@ -260,6 +260,36 @@ def serving(model, core: Path, args) -> None:
         session.close(grace_s=1.0)
 
 
+def profile_decode(model, out: Path | None) -> None:
+    """Diagnostic, last (it writes into whatever state the buffers hold): the batch-1 greedy
+    decode program run eagerly under the CUDA profiler, for the kernels a step launches
+    and their summed device time (the graph step time minus this is launch gaps)."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    from flare.model.contract import GraphKind
+
+    try:
+        programs = model.loaded.programs
+        graph = model.loaded.contract.graph(GraphKind.DECODE, 1, greedy=True)
+        steps = 3
+        programs.run(graph)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                programs.run(graph)
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        RESULTS["bs1_kernels_per_step"] = round(len(kernels) / steps)
+        RESULTS["bs1_kernel_time_ms"] = round(sum(e.time_range.elapsed_us() for e in kernels) / steps / 1e3, 3)
+        log(f"batch-1 decode step: {RESULTS['bs1_kernels_per_step']} kernels, "
+            f"{RESULTS['bs1_kernel_time_ms']} ms of kernel time")
+        if out is not None:
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+            (out / "profile_decode_b1.txt").write_text(table)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must not cost the run its figures
+        log(f"decode profile failed: {type(exc).__name__}: {exc}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
@@ -299,6 +329,7 @@ def main() -> int:
         save_results(args.out)
         if not args.skip_serving:
             serving(model, core, args)
+        profile_decode(model, args.out)
     finally:
         save_results(args.out)
         model.close()
@@ -306,7 +337,7 @@ def main() -> int:
             "bs64_tok_s", "bs64_hf_tok_s", "teacher_forced_agreement", "teacher_forced_agreement_vs_fp32",
             "hf_bf16_vs_fp32_agreement", "teacher_forced_agreement_sdpa_attention", "serving_output_tok_s",
             "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
-            "gpu_busy_fraction", "gpu_busy_fraction_whole_run"]
+            "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms"]
     for k in keys:
         print(f"{k:>28}: {RESULTS.get(k)}")
     print(json.dumps(RESULTS))
