@@ -105,13 +105,15 @@ def fresh_sdpa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
 
     Causal ``scaled_dot_product_attention`` over each row's first Q cached positions,
     with no prefix and no padding: the same call, layout and dtype as transformers
-    makes for one unpadded sequence. Parity checks swap it into a decoder to separate
-    attention's rounding from everything else; serving never uses it.
+    makes for one unpadded sequence. The CUDA prefill dispatch
+    (:func:`flare.model.kernels.paged_attention`) uses it for rows without a cached
+    prefix; parity checks swap it in to separate attention's rounding from the rest.
     """
     b, nq, h, d = q.shape
     hkv = k_pool.shape[2]
-    keys = k_pool[batch.page_table].reshape(b, -1, hkv, d)[:, :nq].transpose(1, 2)
-    values = v_pool[batch.page_table].reshape(b, -1, hkv, d)[:, :nq].transpose(1, 2)
+    pages = batch.page_table[:, :-(-nq // PAGE_TOKENS)]  # the pages holding positions 0..Q-1
+    keys = k_pool[pages].reshape(b, -1, hkv, d)[:, :nq].transpose(1, 2)
+    values = v_pool[pages].reshape(b, -1, hkv, d)[:, :nq].transpose(1, 2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, scale=scale,
                                          enable_gqa=True)
     return out.transpose(1, 2)

@@ -32,14 +32,14 @@ over a 4k prefix 135 us (SDPA 142), a fresh 2048-token prefill 146 us (SDPA 91).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
 from ...config import PAGE_TOKENS
-from ..attention import AttentionBatch
+from ..attention import AttentionBatch, fresh_sdpa_attention
 from ._common import (
     dot_precision, next_power_of_2, require, require_float, require_inner_contiguous, require_same_device,
     sm_count,
@@ -332,7 +332,17 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     """
     if q.dim() == 4 and q.shape[1] == 1:
         return paged_decode_attention(q, k_pool, v_pool, batch, scale)
-    return paged_prefill_attention(q, k_pool, v_pool, batch, scale)
+    # A row whose chunk starts at position 0 has no cached prefix: its attention is the
+    # chunk's own causal attention, which torch's flash kernel computes faster than the
+    # paged kernel (TUNING.md: 91 against 146 us for a fresh 2048-token prompt) and exactly
+    # as transformers does. The paged kernel serves the other rows; fresh rows get no keys
+    # there (kv_len 0: nothing to read). Both run for every graph, so the choice stays a
+    # per-row select on the device and the launch shapes stay static.
+    fresh = batch.positions[:, 0] == 0
+    own = fresh_sdpa_attention(q, k_pool, v_pool, batch, scale)
+    prefix_only = replace(batch, kv_lens=torch.where(fresh, 0, batch.kv_lens))
+    cached = paged_prefill_attention(q, k_pool, v_pool, prefix_only, scale)
+    return torch.where(fresh.view(-1, 1, 1, 1), own, cached)
 
 
 __all__ = ["AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "MAX_SPLITS", "PAGE_TOKENS", "choose_num_splits",

@@ -117,3 +117,20 @@ def test_bad_inputs_raise_typed_errors():
         paged_attention(case.q, case.k_pool, case.v_pool, bad, case.scale)
     with pytest.raises(KernelInputError, match="num_splits"):
         paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=MAX_SPLITS + 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_prefill_dispatch_mixes_fresh_and_cached_rows(dtype):
+    """paged_attention serves a row without a cached prefix from torch's SDPA over its own
+    chunk and the other rows from the paged kernel, in one static-shape call."""
+    from flare.model.attention import fresh_sdpa_attention
+
+    # Row 0: a fresh 70-token prompt; row 1: 70 new tokens after 130 cached; row 2: a fresh
+    # 40-token prompt (30 padding tokens); row 3: a padding row.
+    case = build_case(kv_lens=[70, 200, 40, 1], q_len=70, num_new=[70, 70, 40, 1], num_heads=8, num_kv_heads=2,
+                      head_dim=64, max_pages=4, dtype=dtype, seed=7, padding_rows=(3,))
+    out = paged_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    check_attention("paged_attention (prefill dispatch)", out, case)
+    own = fresh_sdpa_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    assert torch.equal(out[0], own[0]), "the fresh row must come from SDPA"
+    assert not torch.equal(out[1], own[1]), "the cached row must come from the paged kernel"
