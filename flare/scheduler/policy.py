@@ -141,7 +141,7 @@ class Selection:
         that its tokens are of the request's largest feasible chunk. (Paid whole to any
         chunk, it would make the smallest capacity the best value per millisecond and cut
         prompts into 64-token steps that each cost a full weight pass.)"""
-        return self.price(r) / min(r.next_stop - r.planned, self.s.contract.prefill_chunk_size)
+        return self.price(r) / max(1, min(r.next_stop - r.planned, self.s.contract.prefill_chunk_size))
 
     def prefill_cohorts(self, prefilling: list[LiveRequest], free_pages: int) -> list[Candidate]:
         """Cohort prefill candidates: the most indebted requests first, each row consuming
@@ -150,6 +150,7 @@ class Selection:
         dominated and skipped."""
         s, unit = self.s, self.pol.output_token_value
         order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
+        per_token = {r.rid: self.prefill_price_per_token(r) for r in order}
         out: list[Candidate] = []
         last: tuple[int, tuple[int, ...]] | None = None
         for g in s.cohort_prefill_graphs:  # by (batch, tokens)
@@ -164,7 +165,7 @@ class Selection:
                 pages -= need
                 sample = r.planned + k == r.prompt_len
                 rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1))
-                value += k * (1.0 + self.prefill_price_per_token(r)) + (unit if sample else 0.0)
+                value += k * (1.0 + per_token[r.rid]) + (unit if sample else 0.0)
             if len(rows) < 2:
                 continue
             work = (g.batch, tuple(row.num_tokens for row in rows))
