@@ -28,7 +28,6 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -226,38 +225,22 @@ def decode_runs(model) -> None:
         f"-> {RESULTS['bs1_vs_floor']:.3f}x")
 
 
-def serving(model, core: Path, args) -> None:
-    from flare.config import ServerConfig
+def serving(model, args) -> None:
     from flare.server.native_engine import NativeEngine, load_frontend
-    from flare.server.session import Server
-    from busy import BusySampler
+    from busy import serve_and_measure
 
-    concurrency = args.concurrency
     engine = NativeEngine(model, load_frontend(model.core), ("bench",))
-    session = Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=512, log_level="warning"))
-    try:
-        busy0 = engine.stats()["device_busy_seconds"]
-        t0 = time.perf_counter()
-        with BusySampler(engine, full=min(concurrency, model.loaded.contract.max_active)) as sampler:
-            run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
-                                  "--url", session.base_url, "--model", "bench", "--requests", str(args.requests),
-                                  "--concurrency", str(concurrency), "--input-len", str(args.input_len),
-                                  "--output-len", str(args.output_len),
-                                  "--vocab", str(args.prompt_vocab)], capture_output=True, text=True, timeout=600)
-        wall = time.perf_counter() - t0
-        busy = engine.stats()["device_busy_seconds"] - busy0
-        print(run.stdout.strip().splitlines()[0] if run.stdout else run.stderr[-2000:], flush=True)
-        result = json.loads(run.stdout.strip().splitlines()[-1])
-        RESULTS.update({f"serving_{k}": v for k, v in result.items() if k not in ("errors",)})
-        RESULTS["serving_errors"] = result.get("errors")
-        steady, steady_s = sampler.steady()
-        RESULTS["gpu_busy_fraction"] = round(steady, 3)
-        RESULTS["gpu_busy_steady_s"] = round(steady_s, 1)
-        RESULTS["gpu_busy_fraction_whole_run"] = round(busy / wall, 3)
-        log(f"serving: {result['output_tok_s']} output tok/s; device busy {steady:.1%} of {steady_s:.1f} s "
-            f"with all {sampler.full} slots live, {busy / wall:.1%} of the whole {wall:.1f} s")
-    finally:
-        session.close(grace_s=1.0)
+    run = serve_and_measure(engine, full=min(args.concurrency, model.loaded.contract.max_active),
+                            requests=args.requests, concurrency=args.concurrency, input_len=args.input_len,
+                            output_len=args.output_len, vocab=args.prompt_vocab, queue_capacity=512, timeout=600)
+    print(run.summary, flush=True)
+    RESULTS.update({f"serving_{k}": v for k, v in run.result.items() if k not in ("errors",)})
+    RESULTS["serving_errors"] = run.result.get("errors")
+    RESULTS["gpu_busy_fraction"] = round(run.busy_steady, 3)
+    RESULTS["gpu_busy_steady_s"] = round(run.steady_s, 1)
+    RESULTS["gpu_busy_fraction_whole_run"] = round(run.busy_whole, 3)
+    log(f"serving: {run.result['output_tok_s']} output tok/s; device busy {run.busy_steady:.1%} of "
+        f"{run.steady_s:.1f} s with all {run.full} slots live, {run.busy_whole:.1%} of the whole {run.wall_s:.1f} s")
 
 
 def profile_decode(model, out: Path | None) -> None:
@@ -328,7 +311,7 @@ def main() -> int:
         decode_runs(model)
         save_results(args.out)
         if not args.skip_serving:
-            serving(model, core, args)
+            serving(model, args)
         profile_decode(model, args.out)
     finally:
         save_results(args.out)

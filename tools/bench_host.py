@@ -14,7 +14,10 @@ is the share of a real GPU's time the host pipeline would keep filled. Tokens ar
 toy IDs detokenized by a real Llama 3 tokenizer (the test fixture), so streaming
 and detokenization cost what they cost in serving.
 
-    python tools/bench_host.py [--requests 256] [--concurrency 64] [--profile out.txt]
+    python tools/bench_host.py [--requests 256] [--concurrency 64]
+
+To see where the host's time goes, run it under a sampling profiler that sees
+every thread (`py-spy record --threads -f raw -- python tools/bench_host.py`).
 
 Last line: one JSON object.
 """
@@ -25,13 +28,12 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from busy import BusySampler  # noqa: E402
+from busy import serve_and_measure  # noqa: E402
 
 
 def cost_model(args):
@@ -95,54 +97,21 @@ def main() -> int:
     parser.add_argument("--decode-ms-64", type=float, default=7.74, help="simulated batch-64 decode step")
     parser.add_argument("--prefill-ms-per-token", type=float, default=0.027)
     parser.add_argument("--small-ms", type=float, default=0.05)
-    parser.add_argument("--profile", type=Path, help="write a cProfile of the server process here")
     args = parser.parse_args()
-    from flare.config import ServerConfig
-    from flare.server.session import Server
 
     engine, contract = build_engine(args)
-    session = Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=args.requests,
-                                                log_level="warning"))
-    profiler = None
-    if args.profile:
-        import cProfile
-        profiler = cProfile.Profile()
-    try:
-        t0 = time.perf_counter()
-        busy0 = engine.stats()["device_busy_seconds"]
-        if profiler:
-            profiler.enable()
-        with BusySampler(engine, full=contract.max_active) as sampler:
-            run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
-                                  "--url", session.base_url, "--model", "bench", "--requests", str(args.requests),
-                                  "--concurrency", str(args.concurrency), "--input-len", str(args.input_len),
-                                  "--output-len", str(args.output_len), "--vocab", "120000"],
-                                 capture_output=True, text=True, timeout=1800)
-        if profiler:
-            profiler.disable()
-        wall = time.perf_counter() - t0
-        busy = engine.stats()["device_busy_seconds"] - busy0
-    finally:
-        session.close(grace_s=1.0)
-    if run.returncode != 0 or not run.stdout.strip():
-        print(run.stderr[-3000:], file=sys.stderr)
-        return 1
-    print(run.stdout.strip().splitlines()[0])
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    steady, steady_s = sampler.steady()
-    out = {"busy_fraction_steady": round(steady, 3), "steady_s": round(steady_s, 1),
-           "busy_fraction_whole_run": round(busy / wall, 3), "wall_s": round(wall, 1),
+    run = serve_and_measure(engine, full=contract.max_active, requests=args.requests,
+                            concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
+                            vocab=120000, queue_capacity=args.requests, timeout=1800)
+    print(run.summary)
+    result = run.result
+    out = {"busy_fraction_steady": round(run.busy_steady, 3), "steady_s": round(run.steady_s, 1),
+           "busy_fraction_whole_run": round(run.busy_whole, 3), "wall_s": round(run.wall_s, 1),
            "output_tok_s": result["output_tok_s"], "ttft_p50_ms": result["ttft_p50_ms"],
            "itl_p50_ms": result["itl_p50_ms"], "itl_p99_ms": result["itl_p99_ms"],
            "simulated_decode_ms": [args.decode_ms, args.decode_ms_64]}
-    print(f"simulated device busy {steady:.1%} of {steady_s:.1f} s with all {contract.max_active} slots live, "
-          f"{busy / wall:.1%} of the whole {wall:.1f} s")
-    if profiler:
-        import io
-        import pstats
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
-        args.profile.write_text(text.getvalue())
+    print(f"simulated device busy {run.busy_steady:.1%} of {run.steady_s:.1f} s with all {run.full} slots live, "
+          f"{run.busy_whole:.1%} of the whole {run.wall_s:.1f} s")
     print(json.dumps(out))
     return 0
 

@@ -1,9 +1,19 @@
-"""Device busy fraction of a serving run, sampled from the engine's own counters."""
+"""A serving run's device busy fraction, sampled from the engine's own counters.
+
+:func:`serve_and_measure` serves an engine over HTTP, drives tools/bench_serving.py
+against it in a subprocess and reports the client's figures with the busy fraction
+(tools/bench_gpu.py on a GPU, tools/bench_host.py over a simulated device).
+"""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 
 class BusySampler:
@@ -43,3 +53,42 @@ class BusySampler:
                 busy += b1 - b0
                 wall += t1 - t0
         return (busy / wall if wall else float("nan")), wall
+
+
+@dataclass
+class ServingRun:
+    summary: str  # bench_serving.py's one-line summary
+    result: dict  # its JSON figures
+    busy_steady: float  # device busy fraction while all slots were live
+    steady_s: float  # seconds with all slots live
+    busy_whole: float  # device busy fraction over the whole run
+    wall_s: float
+    full: int  # the slot count that counts as "all live"
+
+
+def serve_and_measure(engine, *, full: int, requests: int, concurrency: int, input_len: int, output_len: int,
+                      vocab: int, queue_capacity: int, timeout: float) -> ServingRun:
+    """Serve ``engine`` on a free local port and run the load client against it."""
+    from flare.config import ServerConfig
+    from flare.server.session import Server
+
+    session = Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=queue_capacity,
+                                                log_level="warning"))
+    try:
+        busy0 = engine.stats()["device_busy_seconds"]
+        t0 = time.perf_counter()
+        with BusySampler(engine, full=full) as sampler:
+            run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
+                                  "--url", session.base_url, "--model", "bench", "--requests", str(requests),
+                                  "--concurrency", str(concurrency), "--input-len", str(input_len),
+                                  "--output-len", str(output_len), "--vocab", str(vocab)],
+                                 capture_output=True, text=True, timeout=timeout)
+        wall = time.perf_counter() - t0
+        busy = engine.stats()["device_busy_seconds"] - busy0
+    finally:
+        session.close(grace_s=1.0)
+    lines = run.stdout.strip().splitlines()
+    if run.returncode != 0 or not lines:
+        raise RuntimeError(f"bench_serving.py failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
+    steady, steady_s = sampler.steady()
+    return ServingRun(lines[0], json.loads(lines[-1]), steady, steady_s, busy / wall, wall, full)
