@@ -60,7 +60,6 @@ class DecoderOps:
     linear: Callable = F.linear
     rms_norm: Callable = rms_norm
     add_rms_norm: Callable = _add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
-    apply_rope: Callable = apply_rope
     silu_mul: Callable = silu_mul
     qkv_rope_write: Callable = qkv_rope_write  # see qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
@@ -71,8 +70,8 @@ def cuda_ops() -> DecoderOps:
     from . import kernels
 
     return DecoderOps(linear=kernels.linear, rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
-                      apply_rope=kernels.apply_rope, silu_mul=kernels.silu_mul,
-                      qkv_rope_write=kernels.qkv_rope_write, attention=kernels.paged_attention)
+                      silu_mul=kernels.silu_mul, qkv_rope_write=kernels.qkv_rope_write,
+                      attention=kernels.paged_attention)
 
 
 class Decoder:
