@@ -123,14 +123,15 @@ class FakeExecutor(FenceTimeline):
         self._ready = min(len(self._queue), self._ready + count)
 
     def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
-        if self._finish_at:
+        if self._finish_at:  # the simulated device: the oldest graph finishes at _finish_at[0]
             wait = self._finish_at[0] - time.perf_counter()
             if wait > 0 and timeout:
                 time.sleep(min(wait, timeout))
                 wait = self._finish_at[0] - time.perf_counter()
-            if wait <= 0:
-                self._finish_at.popleft()
-                self._ready += 1
+            if wait > 0:
+                return None  # the timeout was spent waiting on the device
+            self._finish_at.popleft()
+            self._ready += 1
         if not self._ready:
             if timeout:
                 time.sleep(min(timeout, 0.001))
