@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from tests.model.harness import Harness, save_tiny
-from tests.model.test_parity_tiny import _make, _prompt, _reference
+from tests.model.test_parity_tiny import _greedy, _make, _prompt, _reference
 
 STEPS = 64
 
@@ -23,26 +22,10 @@ def tiny_cuda(request, tmp_path_factory):
     h.executor.close()
 
 
-def _greedy(h: Harness, slots_prompts: dict[int, np.ndarray]):
-    tokens = {s: [] for s in slots_prompts}
-    logits = {s: [] for s in slots_prompts}
-    for s, p in slots_prompts.items():
-        h.admit(s, generation=50 + s)
-        chunks = [len(p)] if len(p) <= 128 else [128, len(p) - 128]
-        tokens[s].append(h.prefill(s, p, 0, chunks))
-        logits[s].append(h.logits(s))
-    for _ in range(STEPS - 1):
-        out = h.decode(list(slots_prompts))
-        for s in slots_prompts:
-            tokens[s].append(out[s])
-            logits[s].append(h.logits(s))
-    return tokens, logits
-
-
 def test_greedy_tokens_match_transformers_for_64_steps(tiny_cuda):
     model, h = tiny_cuda
     prompts = {1: _prompt(1, 40), 2: _prompt(2, 150), 3: _prompt(3, 7)}
-    tokens, logits = _greedy(h, prompts)
+    tokens, logits = _greedy(h, prompts, STEPS, generation_base=50)
     for s, p in prompts.items():
         ref = _reference(model, p, tokens[s])
         assert ref.argmax(-1).tolist() == tokens[s], f"slot {s}: greedy tokens differ from transformers"

@@ -7,7 +7,6 @@ this for real; here the test controls every chunk and batch.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from flare.config import EngineConfig
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.execution.cpu import CpuExecutor
-from flare.model.contract import REC_CONSUMED, REC_GENERATED, REC_TOKEN0, GraphKind
+from flare.model.contract import REC_CONSUMED, REC_TOKEN0, GraphKind
 from flare.model.inputs import Inputs
 from flare.model.loader import load_model
 from flare.request import SamplingParams
@@ -128,6 +127,15 @@ class Harness:
         self.inputs.set_rows(slots, cap)
         done = self.run(GraphKind.DECODE, cap)
         return {s: int(done.records[s, REC_TOKEN0]) for s in slots}
+
+    def decode_steps(self, tokens: dict[int, list[int]], logits: dict[int, list[torch.Tensor]], steps: int) -> None:
+        """Decode the slots of ``tokens`` together ``steps`` times, appending each step's
+        sampled token and logits to their lists."""
+        slots = list(tokens)
+        for _ in range(steps):
+            for slot, token in self.decode(slots).items():
+                tokens[slot].append(token)
+                logits[slot].append(self.logits(slot))
 
     def logits(self, slot: int) -> torch.Tensor:
         """Logits of the slot's last consumed token (the ones its last sample used), on the CPU."""

@@ -78,6 +78,18 @@ def _prompt(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, n).astype(np.int64)
 
 
+def _greedy(h: Harness, prompts: dict[int, np.ndarray], steps: int, generation_base: int = 10):
+    """Prefill each slot's prompt alone (two chunks past 128 tokens), then decode all of them
+    together: ``steps`` greedy tokens per slot and the logits each was sampled from."""
+    tokens, logits = {}, {}
+    for s, p in prompts.items():
+        h.admit(s, generation=generation_base + s)
+        tokens[s] = [h.prefill(s, p, 0, [len(p)] if len(p) <= 128 else [128, len(p) - 128])]
+        logits[s] = [h.logits(s)]
+    h.decode_steps(tokens, logits, steps - 1)
+    return tokens, logits
+
+
 @pytest.mark.parametrize("length,chunks", [(37, [37]), (150, [64, 64, 22]), (200, [128, 72]), (129, [1, 128])])
 def test_prefill_and_decode_match_transformers(tiny, length, chunks):
     model, h = tiny
@@ -98,10 +110,7 @@ def test_cohort_prefill_of_ragged_prompts(tiny):
     first |= h.prefill_together({3: prompts[3]}, batch=2, tokens=64)
     tokens = {slot: [first[slot]] for slot in prompts}
     logits = {slot: [h.logits(slot)] for slot in prompts}
-    for _ in range(7):
-        for slot, token in h.decode(list(prompts)).items():
-            tokens[slot].append(token)
-            logits[slot].append(h.logits(slot))
+    h.decode_steps(tokens, logits, 7)
     for slot, p in prompts.items():
         _check(model, p, tokens[slot], logits[slot])
 
@@ -109,17 +118,7 @@ def test_cohort_prefill_of_ragged_prompts(tiny):
 def test_ragged_batch_decode(tiny):
     model, h = tiny
     prompts = {s: _prompt(100 + s, n) for s, n in zip((1, 2, 3, 4), (5, 70, 131, 64))}
-    tokens = {s: [] for s in prompts}
-    logits = {s: [] for s in prompts}
-    for s, p in prompts.items():
-        h.admit(s, generation=s + 10)
-        tokens[s].append(h.prefill(s, p, 0, [len(p)] if len(p) <= 128 else [128, len(p) - 128]))
-        logits[s].append(h.logits(s))
-    for _ in range(STEPS - 1):
-        out = h.decode(list(prompts))
-        for s in prompts:
-            tokens[s].append(out[s])
-            logits[s].append(h.logits(s))
+    tokens, logits = _greedy(h, prompts, STEPS)
     for s, p in prompts.items():
         _check(model, p, tokens[s], logits[s])
 
