@@ -58,6 +58,23 @@ class FenceTimeline:
         return self._completed_fence
 
 
+def check_submission(*, poison: BaseException | None, closed: bool, grammar_fence: int,
+                     grammar_constrained: bool, outstanding: int, window_full: bool) -> None:
+    """The rules every executor's submit enforces, in one order and one wording: not poisoned,
+    not closed, no grammar-constrained step in flight, an empty window for a grammar-constrained
+    one, and a free frame."""
+    if poison is not None:
+        raise ExecutionError(f"executor is poisoned: {poison}")
+    if closed:
+        raise ExecutionError("executor is closed")
+    if grammar_fence:
+        raise ExecutionError(f"a grammar-constrained step (fence {grammar_fence}) must complete first")
+    if grammar_constrained and outstanding:
+        raise ExecutionError("a grammar-constrained step needs an empty window")
+    if window_full:
+        raise ExecutionError("both frames are in flight; poll before submitting again")
+
+
 def upload_size(capacities: dict[str, int], name: str, offset: int, data) -> int:
     """Bytes of one upload range after checking it names a known input buffer and fits."""
     capacity = capacities.get(name)

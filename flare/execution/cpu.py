@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ExecutionError
 from ..model.programs import StepPrograms
-from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, upload_size
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, check_submission, upload_size
 
 
 class CpuExecutor(FenceTimeline):
@@ -60,16 +60,9 @@ class CpuExecutor(FenceTimeline):
         window and blocks further submissions until its completion has been polled."""
         graph = self.contract.graphs[graph_index]
         with self._lock:
-            if self._poison is not None:
-                raise ExecutionError(f"executor is poisoned: {self._poison}")
-            if self._closing:
-                raise ExecutionError("executor is closed")
-            if self._grammar_fence:
-                raise ExecutionError(f"a grammar-constrained step (fence {self._grammar_fence}) must complete first")
-            if grammar_constrained and self._outstanding:
-                raise ExecutionError("a grammar-constrained step needs an empty window")
-            if self._outstanding >= FRAMES:
-                raise ExecutionError("both frames are in flight; poll before submitting again")
+            check_submission(poison=self._poison, closed=self._closing, grammar_fence=self._grammar_fence,
+                             grammar_constrained=grammar_constrained, outstanding=self._outstanding,
+                             window_full=self._outstanding >= FRAMES)
             staged = []
             for name, offset, data in uploads:
                 upload_size(self._capacities, name, offset, data)

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ExecutionError
-from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, upload_size
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, check_submission, upload_size
 _POLL_SLEEP_S = 0.0002
 
 Progress = Callable[[str], None]
@@ -128,16 +128,9 @@ class GraphExecutor(FenceTimeline):
         """Enqueue one graph; returns its fence. A grammar-constrained submission needs an empty
         window and blocks further submissions until its completion has been polled."""
         self._bind()
-        if self._poison is not None:
-            raise ExecutionError(f"executor is poisoned: {self._poison}")
-        if self._closed:
-            raise ExecutionError("executor is closed")
-        if self._grammar_fence:
-            raise ExecutionError(f"a grammar-constrained step (fence {self._grammar_fence}) must complete first")
-        if grammar_constrained and self._pending:
-            raise ExecutionError("a grammar-constrained step needs an empty window")
-        if not self._free:
-            raise ExecutionError("both frames are in flight; poll before submitting again")
+        check_submission(poison=self._poison, closed=self._closed, grammar_fence=self._grammar_fence,
+                         grammar_constrained=grammar_constrained, outstanding=len(self._pending),
+                         window_full=not self._free)
         cu = _driver()
         index = self._free[0]
         frame = self._frames[index]
