@@ -23,7 +23,6 @@ serving_ttft_p50_ms, serving_itl_p50_ms, gpu_busy_fraction (and more).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -131,8 +130,12 @@ def hf_part(checkpoint: Path, seq: torch.Tensor, compile_hf: bool, timing: bool 
 
 
 def teacher_forced(model, seq: torch.Tensor) -> None:
-    """Our serving kernels, eagerly over the whole sequence; argmax at every position."""
-    from flare.model.attention import AttentionBatch, fresh_sdpa_attention
+    """Our serving kernels, eagerly over the whole sequence; argmax at every position.
+
+    The sequence is one fresh prefill chunk, so its attention is torch's SDPA (the call
+    transformers makes); what can still differ is the other kernels' rounding.
+    """
+    from flare.model.attention import AttentionBatch
     programs = model.loaded.programs
     decoder = programs.decoder
     t = seq.shape[0]
@@ -140,21 +143,9 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
     positions = torch.arange(t, device="cuda")[None]
     batch = AttentionBatch(positions=positions, write_index=(pages[positions // 64] * 64 + positions % 64),
                            page_table=pages[None], kv_lens=torch.tensor([t], device="cuda"))
-
-    def argmax() -> list[int]:
-        with torch.inference_mode():
-            hidden = decoder.forward(seq.cuda()[None], batch, programs.kv, torch.arange(t, device="cuda")[None])
-            return decoder.logits(hidden[0]).argmax(-1).tolist()
-
-    ours = argmax()
-    # Diagnostic: the same forward with transformers' own attention call swapped in, to
-    # tell the attention kernel's share of the disagreement from the other kernels'.
-    serving_ops = decoder.ops
-    decoder.ops = dataclasses.replace(serving_ops, attention=fresh_sdpa_attention)
-    try:
-        ours_sdpa = argmax()
-    finally:
-        decoder.ops = serving_ops
+    with torch.inference_mode():
+        hidden = decoder.forward(seq.cuda()[None], batch, programs.kv, torch.arange(t, device="cuda")[None])
+        ours = decoder.logits(hidden[0]).argmax(-1).tolist()
     ref = RESULTS.pop("hf_argmax")
     ref32 = RESULTS.pop("hf_fp32_argmax")
 
@@ -164,12 +155,10 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
     RESULTS["teacher_forced_agreement"] = agreement(ours, ref)
     RESULTS["teacher_forced_agreement_vs_fp32"] = agreement(ours, ref32)
     RESULTS["hf_bf16_vs_fp32_agreement"] = agreement(ref, ref32)
-    RESULTS["teacher_forced_agreement_sdpa_attention"] = agreement(ours_sdpa, ref)
     log(f"teacher-forced next-token argmax agreement over {len(ref)} positions: flare vs transformers bf16 "
         f"{RESULTS['teacher_forced_agreement']}, flare vs transformers fp32 "
         f"{RESULTS['teacher_forced_agreement_vs_fp32']}, transformers bf16 vs fp32 "
-        f"{RESULTS['hf_bf16_vs_fp32_agreement']}; with transformers' attention call swapped in "
-        f"{RESULTS['teacher_forced_agreement_sdpa_attention']}")
+        f"{RESULTS['hf_bf16_vs_fp32_agreement']}")
 
 
 def decode_runs(model) -> None:
@@ -318,7 +307,7 @@ def main() -> int:
         model.close()
     keys = ["bs1_ms_per_step", "bs1_floor_ms", "bs1_vs_floor", "bs1_hf_ms_per_step", "bs64_ms_per_step",
             "bs64_tok_s", "bs64_hf_tok_s", "teacher_forced_agreement", "teacher_forced_agreement_vs_fp32",
-            "hf_bf16_vs_fp32_agreement", "teacher_forced_agreement_sdpa_attention", "serving_output_tok_s",
+            "hf_bf16_vs_fp32_agreement", "serving_output_tok_s",
             "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
             "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms"]
     for k in keys:
