@@ -12,7 +12,8 @@ Sections (all by default, or pick with --only):
   attention   paged decode (B x context) and prefill (chunk over a prefix) against
               paged_attention_reference and F.scaled_dot_product_attention on
               contiguous K/V
-  elementwise rms_norm, add_rms_norm, apply_rope, silu_mul against flare.model.layers
+  elementwise rms_norm, add_rms_norm, silu_mul against flare.model.layers, qkv_rope_write
+  against flare.model.decoder.qkv_rope_write (the torch composite)
   gemv        linear_small_m against F.linear (cuBLAS) on Llama-3-8B shapes, M = 1..8,
               32 distinct weight copies per shape (as in a real step)
   step        all 32 layers' qkv/o/gate_up/down plus lm_head (15.0 GB of bf16) in one
@@ -42,11 +43,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flare.model import layers  # noqa: E402
+from flare.model import decoder, layers  # noqa: E402
 from flare.model.attention import AttentionBatch, paged_attention_reference  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
-    GemvConfig, add_rms_norm, apply_rope, default_config, linear, linear_small_m, paged_attention, rms_norm,
-    silu_mul,
+    GemvConfig, add_rms_norm, default_config, linear, linear_small_m, paged_attention, qkv_rope_write,
+    rms_norm, silu_mul,
 )
 
 DEV = torch.device("cuda")
@@ -226,15 +227,22 @@ def bench_elementwise(ceiling: float, results: dict) -> None:
                [lambda x=x: layers.rms_norm(x, w, 1e-5) for x in xs], nbytes)
         report("add_rms_norm", f"{rows}x{HIDDEN}", [lambda x=x, r=r: add_rms_norm(x, r, w, 1e-5) for x, r in zip(xs, rs)],
                [lambda x=x, r=r: layers.rms_norm(r + x, w, 1e-5) for x, r in zip(xs, rs)], 2 * nbytes)
+    table_cos, table_sin = torch.rand(8192, D, device=DEV, generator=gen), torch.rand(8192, D, device=DEV, generator=gen)
     for b, q_len in ((64, 1), (1, 2048)):
-        nbytes = 2 * b * q_len * H * D * 2 + 2 * b * q_len * D * 4
+        nbytes = 2 * b * q_len * (H + 2 * HKV) * D * 2 + 2 * b * q_len * D * 4
         copies = rotations(nbytes)
         qkvs = [torch.randn(b, q_len, (H + 2 * HKV) * D, device=DEV, generator=gen).bfloat16() for _ in range(copies)]
-        qs = [t[..., :H * D].view(b, q_len, H, D) for t in qkvs]
-        cos = [torch.rand(b, q_len, D, device=DEV, generator=gen) for _ in range(copies)]
-        sin = [torch.rand(b, q_len, D, device=DEV, generator=gen) for _ in range(copies)]
-        report("apply_rope", f"{b}x{q_len}x{H}x{D}", [lambda q=q, c=c, s=s: apply_rope(q, c, s) for q, c, s in zip(qs, cos, sin)],
-               [lambda q=q, c=c, s=s: layers.apply_rope(q, c, s) for q, c, s in zip(qs, cos, sin)], nbytes)
+        pos = [torch.randint(0, 8192, (b, q_len), device=DEV, generator=gen) for _ in range(copies)]
+        widx = torch.arange(b * q_len, device=DEV).view(b, q_len)
+        pools = [torch.zeros(b * q_len // 64 + 1, 64, HKV, D, device=DEV, dtype=torch.bfloat16) for _ in range(2)]
+
+        def fused(x, p):
+            return qkv_rope_write(x, H, None, None, 1e-5, table_cos, table_sin, p, widx, *pools)
+
+        def composite(x, p):
+            return decoder.qkv_rope_write(x, H, None, None, 1e-5, table_cos, table_sin, p, widx, *pools)
+        report("qkv_rope_write", f"{b}x{q_len}x{H}+{2 * HKV}x{D}", [lambda x=x, p=p: fused(x, p) for x, p in zip(qkvs, pos)],
+               [lambda x=x, p=p: composite(x, p) for x, p in zip(qkvs, pos)], nbytes)
     for rows in (1, 64, 2048):
         nbytes = 3 * rows * INTER * 2
         gus = [torch.randn(rows, 2 * INTER, device=DEV, generator=gen).bfloat16() for _ in range(rotations(nbytes))]

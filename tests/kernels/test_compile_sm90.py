@@ -33,7 +33,7 @@ from .paged_cases import build_case  # noqa: E402
 H200 = GPUTarget("cuda", 90, 32)
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
           torch.int32: "*i32", torch.uint8: "*u8"}
-_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
+_OPTIONS = ("num_warps", "num_stages", "launch_pdl", "enable_fp_fusion")
 
 
 def _signature(fn: JITFunction, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
@@ -69,7 +69,7 @@ def launches(monkeypatch):
     return seen
 
 
-def _compile_all(seen) -> list[str]:
+def _compile_all(seen, ptx: dict[str, list[str]] | None = None) -> list[str]:
     compiled = set()
     for fn, args, kwargs in seen:
         signature, constexprs, options = _signature(fn, args, kwargs)
@@ -81,6 +81,8 @@ def _compile_all(seen) -> list[str]:
         binary = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=H200,
                                 options=options)
         assert binary.asm.get("cubin"), f"{fn.__name__}: no cubin"
+        if ptx is not None:
+            ptx.setdefault(fn.__name__, []).append(binary.asm["ptx"])
         compiled.add(key)
     return sorted({k[0] for k in compiled})
 
@@ -93,8 +95,6 @@ def test_elementwise_kernels_compile_for_sm90(launches):
     x, w = _bf16(4, 4096), _bf16(4096, seed=1)
     kernels.rms_norm(x, w, 1e-5)
     kernels.add_rms_norm(x, _bf16(4, 4096, seed=2), w, 1e-5)
-    q = _bf16(2, 3, 48 * 128)[..., :32 * 128].view(2, 3, 32, 128)  # a strided head slice
-    kernels.apply_rope(q, torch.randn(2, 3, 128), torch.randn(2, 3, 128))
     kernels.silu_mul(_bf16(2, 2 * 14336))
     table = torch.randn(4096, 128)
     for norm in (None, _bf16(128)):
@@ -103,8 +103,16 @@ def test_elementwise_kernels_compile_for_sm90(launches):
             kernels.qkv_rope_write(_bf16(b, nq, 48 * 128), 32, norm, norm, 1e-5, table, table,
                                    torch.zeros(b, nq, dtype=torch.int64), torch.zeros(b, nq, dtype=torch.int64),
                                    pool, pool.clone())
-    names = _compile_all(launches)
-    assert {"_rms_norm_kernel", "_rope_kernel", "_silu_mul_kernel", "_qkv_rope_write_kernel"} <= set(names), names
+    ptx: dict[str, list[str]] = {}
+    names = _compile_all(launches, ptx)
+    assert {"_rms_norm_kernel", "_silu_mul_kernel", "_qkv_rope_write_kernel"} <= set(names), names
+    # Rounded as the torch reference rounds: no contracted multiply-add may skip the
+    # rounding of a product (a bf16 FMA did, in RoPE, before fusion was turned off), and
+    # SiLU divides with the correctly rounded division torch's kernel uses.
+    for name, texts in ptx.items():
+        for text in texts:
+            assert "fma.rn.bf16" not in text, f"{name}: a bf16 multiply-add skips a rounding point"
+    assert all("div.rn.f32" in text for text in ptx["_silu_mul_kernel"]), "silu_mul: approximate division"
 
 
 def test_gemv_kernels_compile_for_sm90(launches):

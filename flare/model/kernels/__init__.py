@@ -3,8 +3,8 @@
 - :mod:`.attention`: paged attention over the KV page pool (decode with context
   splits, chunked prefill), the same contract as
   :func:`flare.model.attention.paged_attention_reference`.
-- :mod:`.elementwise`: fused RMSNorm, add + RMSNorm, rotate-half RoPE and SiLU-mul,
-  matching :mod:`flare.model.layers`, and ``qkv_rope_write`` (q/k norm, RoPE and the
+- :mod:`.elementwise`: fused RMSNorm, add + RMSNorm and SiLU-mul, matching
+  :mod:`flare.model.layers`, and ``qkv_rope_write`` (q/k norm, rotate-half RoPE and the
   KV scatter of a layer in one launch), matching :func:`flare.model.decoder.qkv_rope_write`.
 - :mod:`.gemv`: small-batch (M <= 8) linear layers that stream the weights, with a
   selector that falls back to ``torch.nn.functional.linear``.
@@ -22,7 +22,7 @@ from .attention import (
     DECODE_LAUNCH, MAX_SPLITS, PREFILL_LAUNCH, AttentionLaunch, choose_num_splits, paged_attention,
     paged_decode_attention, paged_prefill_attention,
 )
-from .elementwise import add_rms_norm, apply_rope, qkv_rope_write, rms_norm, silu_mul
+from .elementwise import add_rms_norm, qkv_rope_write, rms_norm, silu_mul
 from .gemv import MAX_ROWS, GemvConfig, default_config, linear, linear_small_m, prefers_small_m
 
 __all__ = [
@@ -30,5 +30,5 @@ __all__ = [
     "MAX_ROWS", "MAX_SPLITS",
     "GemvConfig", "default_config", "linear", "linear_small_m", "prefers_small_m",
     "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
-    "add_rms_norm", "apply_rope", "qkv_rope_write", "rms_norm", "silu_mul",
+    "add_rms_norm", "qkv_rope_write", "rms_norm", "silu_mul",
 ]

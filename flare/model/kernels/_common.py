@@ -8,6 +8,7 @@ inside a captured CUDA graph.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -24,6 +25,10 @@ class KernelInputError(ExecutionError):
     """A kernel was called with tensors it cannot accept (shape, dtype, device, layout)."""
 
     code = "kernel_input_error"
+
+
+# Kernels run under Triton's interpreter (tests without a GPU); read once, as triton does.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def require(ok: bool, kernel: str, message: str) -> None:

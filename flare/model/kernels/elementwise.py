@@ -1,9 +1,15 @@
-"""Fused elementwise kernels: RMSNorm, add + RMSNorm, rotate-half RoPE, SiLU-mul, and
-the whole qkv-to-attention stretch of a layer (q/k norm, RoPE, KV scatter) in one launch.
+"""Fused elementwise kernels: RMSNorm, add + RMSNorm, SiLU-mul, and the whole
+qkv-to-attention stretch of a layer (q/k norm, rotate-half RoPE, KV scatter) in one launch.
 
 Each matches the torch function of the same name in :mod:`flare.model.layers`
 including its rounding points (fp32 math, a cast to the activation dtype where
-the reference casts), so on bf16 they agree with it to about one bf16 ulp. They
+the reference casts). Two compiler defaults would break that and are turned off:
+multiply-add contraction (``enable_fp_fusion=False``; with it LLVM turns a rounded
+product followed by a sum into one bf16 FMA, which skips the product's rounding:
+H200, 2026-11-30, 20% of RoPE outputs one ulp off transformers'), and approximate
+exp / division / rsqrt (libdevice's and the correctly rounded division, the ones
+torch's CUDA kernels call). The norms' sums still add in a different order than
+torch's reduction, which moves a bf16 result by an ulp only rarely. They
 read strided inputs (a head slice of the fused qkv projection) without a copy
 when the leading dimensions can be viewed as [outer, inner] rows, and always
 write fresh contiguous outputs.
@@ -14,8 +20,31 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-from ._common import next_power_of_2, require, require_float, require_inner_contiguous, require_same_device
+from ._common import (
+    INTERPRETED, next_power_of_2, require, require_float, require_inner_contiguous, require_same_device,
+)
+
+# torch's CUDA kernels call the CUDA math library's expf and rsqrtf; libdevice holds the
+# same functions. (The interpreter has no libdevice; its numpy math is accurate anyway.)
+_LIBDEVICE = tl.constexpr(not INTERPRETED)
+
+
+@triton.jit
+def _exp(x):
+    if _LIBDEVICE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _rsqrt(x):
+    if _LIBDEVICE:
+        return libdevice.rsqrt(x)
+    else:
+        return tl.rsqrt(x)
 
 # Elements a norm program keeps in registers: whole rows, several at a time when short.
 _NORM_TILE = 4096
@@ -26,7 +55,7 @@ _SILU_BLOCK = 1024
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    num_rows, inner, width, eps,
+    num_rows, inner, width, inv_width, eps,
     s_xo, s_xi, s_ro, s_ri,
     HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -46,7 +75,7 @@ def _rms_norm_kernel(
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(res_out_ptr + out_offs, x, mask=mask)
     xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / width + eps)
+    rstd = _rsqrt(tl.sum(xf * xf, axis=1) * inv_width + eps)
     normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)  # layers.rms_norm casts before the weight
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + out_offs, (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
@@ -70,36 +99,6 @@ def _rotate_half(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, out_ptr,
-    inner, num_heads, half,
-    s_xo, s_xi, s_xh, s_co, s_ci, s_so, s_si,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-):
-    token = tl.program_id(0)
-    outer = token // inner
-    within = token % inner
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    cols = tl.arange(0, BLOCK_HALF)
-    col_ok = cols < half
-    mask = (heads < num_heads)[:, None] & col_ok[None, :]
-    x_row = x_ptr + outer.to(tl.int64) * s_xo + within * s_xi + heads[:, None] * s_xh + cols[None, :]
-    x1 = tl.load(x_row, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + half, mask=mask, other=0.0).to(tl.float32)
-    c_row = cos_ptr + outer.to(tl.int64) * s_co + within * s_ci + cols
-    s_row = sin_ptr + outer.to(tl.int64) * s_so + within * s_si + cols
-    dtype = out_ptr.dtype.element_ty
-    c1 = tl.load(c_row, mask=col_ok, other=0.0)[None, :]
-    c2 = tl.load(c_row + half, mask=col_ok, other=0.0)[None, :]
-    s1 = tl.load(s_row, mask=col_ok, other=0.0)[None, :]
-    s2 = tl.load(s_row + half, mask=col_ok, other=0.0)[None, :]
-    out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, dtype)
-    out_row = out_ptr + (token.to(tl.int64) * num_heads + heads[:, None]) * (2 * half) + cols[None, :]
-    tl.store(out_row, out1, mask=mask)
-    tl.store(out_row + half, out2, mask=mask)
-
-
-@triton.jit
 def _silu_mul_kernel(
     gu_ptr, out_ptr, width, s_go,
     BLOCK: tl.constexpr,
@@ -111,7 +110,7 @@ def _silu_mul_kernel(
     up = tl.load(gu_ptr + row * s_go + width + cols, mask=ok, other=0.0)
     g = gate.to(tl.float32)
     # F.silu rounds to the activation dtype before the product, as the reference does.
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    act = tl.math.div_rn(g, 1.0 + _exp(-g)).to(gate.dtype).to(tl.float32)
     tl.store(out_ptr + row * width + cols, (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -138,7 +137,7 @@ def _qkv_rope_write_kernel(
     is_q = head < num_heads
     if HAS_NORM:
         # layers.rms_norm: fp32 statistics, cast to the activation dtype, then the weight.
-        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d + eps)
+        rstd = _rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d + eps)
         if is_q:
             w1 = tl.load(qn_ptr + cols, mask=ok, other=0.0).to(tl.float32)
             w2 = tl.load(qn_ptr + half + cols, mask=ok, other=0.0).to(tl.float32)
@@ -213,10 +212,10 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
     block_r = max(1, min(_NORM_TILE // block_n, next_power_of_2(num_rows)))
     _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
         x3, r3, weight, out, res_out,
-        num_rows, x3.shape[1], width, float(eps),
+        num_rows, x3.shape[1], width, 1.0 / width, float(eps),
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         HAS_RESIDUAL=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n,
-        num_warps=8 if block_n * block_r >= 4096 else 4,
+        num_warps=8 if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
     )
     return out, (res_out if residual is not None else None)
 
@@ -242,39 +241,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return out, res
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE, as :func:`flare.model.layers.apply_rope`.
-
-    x ``[..., H, D]``; cos/sin ``[..., D]`` (float32 tables gathered per position, with
-    the same leading shape as x) -> ``[..., H, D]`` in x's dtype.
-    """
-    kernel = "apply_rope"
-    require(x.dim() >= 2 and x.numel() > 0, kernel, f"x must be [..., H, D], got {tuple(x.shape)}")
-    d = x.shape[-1]
-    require(d % 2 == 0, kernel, f"head_dim must be even for rotate-half, got {d}")
-    for name, t in (("cos", cos), ("sin", sin)):
-        require(tuple(t.shape) == tuple(x.shape[:-2]) + (d,), kernel,
-                f"{name} must be {tuple(x.shape[:-2]) + (d,)} (x's leading shape, D), got {tuple(t.shape)}")
-        require_float(kernel, name, t)
-        require_inner_contiguous(kernel, name, t)
-    require_float(kernel, "x", x)
-    require_inner_contiguous(kernel, "x", x)
-    require_same_device(kernel, x=x, cos=cos, sin=sin)
-    # [outer, inner, H, D] with inner the last leading dimension (1 when there is none).
-    x4, c3, s3 = _lead_view(x, 2), _lead_view(cos, 1), _lead_view(sin, 1)
-    num_tokens, inner, num_heads = x4.shape[0] * x4.shape[1], x4.shape[1], x4.shape[2]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_half = next_power_of_2(d // 2)
-    block_h = min(next_power_of_2(num_heads), max(1, 2048 // block_half))
-    _rope_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
-        x4, c3, s3, out,
-        inner, num_heads, d // 2,
-        x4.stride(0), x4.stride(1), x4.stride(2), c3.stride(0), c3.stride(1), s3.stride(0), s3.stride(1),
-        BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
-    )
-    return out
-
-
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` over the fused ``[..., 2I]`` projection -> ``[..., I]``."""
     kernel = "silu_mul"
@@ -287,7 +253,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
     block = min(_SILU_BLOCK, next_power_of_2(width))
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(width, block))](
-        rows, out, width, rows.stride(0), BLOCK=block, num_warps=4,
+        rows, out, width, rows.stride(0), BLOCK=block, num_warps=4, enable_fp_fusion=False,
     )
     return out
 
@@ -340,8 +306,9 @@ def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | Non
         x3.shape[1], num_heads, hkv, d // 2, float(eps),
         x3.stride(0), x3.stride(1), cos_table.stride(0), sin_table.stride(0),
         HAS_NORM=q_norm is not None, BLOCK_HALF=next_power_of_2(d // 2), num_warps=1,
+        enable_fp_fusion=False,
     )
     return q
 
 
-__all__ = ["rms_norm", "add_rms_norm", "apply_rope", "silu_mul", "qkv_rope_write"]
+__all__ = ["rms_norm", "add_rms_norm", "silu_mul", "qkv_rope_write"]

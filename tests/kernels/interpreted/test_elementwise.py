@@ -11,7 +11,7 @@ import torch
 
 from flare.model import layers
 from flare.model import decoder
-from flare.model.kernels import KernelInputError, add_rms_norm, apply_rope, qkv_rope_write, rms_norm, silu_mul
+from flare.model.kernels import KernelInputError, add_rms_norm, qkv_rope_write, rms_norm, silu_mul
 
 
 def assert_matches(kernel: str, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -68,23 +68,6 @@ def test_add_rms_norm_returns_normed_and_new_residual(dtype):
     want_residual = residual + x
     assert torch.equal(new_residual, want_residual), "add_rms_norm: the new residual must be the exact sum"
     assert_matches("add_rms_norm", normed, layers.rms_norm(want_residual, w, 1e-6))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_apply_rope_on_strided_heads(dtype):
-    gen = torch.Generator().manual_seed(4)
-    q = _qkv_head_view(dtype, d=48, seed=4)  # D/2 = 24: not a power of two
-    angles = torch.rand(2, 3, 24, generator=gen) * 6.0
-    angles = torch.cat([angles, angles], dim=-1)
-    cos, sin = angles.cos(), angles.sin()
-    assert_matches("apply_rope", apply_rope(q, cos, sin), layers.apply_rope(q, cos, sin))
-
-
-def test_apply_rope_tokens_by_heads():
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(7, 3, 64, generator=gen).bfloat16()  # [T, H, D]
-    cos, sin = torch.randn(7, 64, generator=gen), torch.randn(7, 64, generator=gen)
-    assert_matches("apply_rope", apply_rope(x, cos, sin), layers.apply_rope(x, cos, sin))
 
 
 @pytest.mark.parametrize("shape", [(3, 2, 600), (4, 2 * 1100)], ids=["3d", "2d-two-blocks"])
@@ -144,10 +127,6 @@ def test_bad_inputs_raise_typed_errors():
         rms_norm(x, torch.ones(9), 1e-6)
     with pytest.raises(KernelInputError, match="add_rms_norm: residual must match"):
         add_rms_norm(x, torch.randn(2, 9), torch.ones(8), 1e-6)
-    with pytest.raises(KernelInputError, match="apply_rope: head_dim must be even"):
-        apply_rope(torch.randn(2, 3, 7), torch.randn(2, 7), torch.randn(2, 7))
-    with pytest.raises(KernelInputError, match="apply_rope: cos must be"):
-        apply_rope(torch.randn(2, 3, 8), torch.randn(3, 8), torch.randn(2, 8))
     with pytest.raises(KernelInputError, match="silu_mul: gate_up must be"):
         silu_mul(torch.randn(2, 7))
     with pytest.raises(KernelInputError, match="contiguous last dimension"):
