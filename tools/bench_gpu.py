@@ -133,30 +133,64 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
     """Our serving kernels, eagerly over the whole sequence; argmax at every position.
 
     The sequence is one fresh prefill chunk, so its attention is torch's SDPA (the call
-    transformers makes); what can still differ is the other kernels' rounding.
+    transformers makes); what can still differ is the other kernels' rounding and the
+    fused qkv and gate/up GEMMs (cuBLAS may pick another algorithm for the wider
+    product). Two diagnostic runs separate those: the torch composites in place of
+    the fused elementwise kernels, and, on top, each fused GEMM computed as
+    transformers' separate projections (row slices of the fused weight).
     """
+    from dataclasses import replace
+
+    import torch.nn.functional as F
+
+    from flare.model import decoder as decoder_module
+    from flare.model import layers
     from flare.model.attention import AttentionBatch
     programs = model.loaded.programs
     decoder = programs.decoder
+    spec = decoder.spec
     t = seq.shape[0]
     pages = torch.arange(1, t // 64 + 2, device="cuda")  # physical pages 1.. (scratch is 0)
     positions = torch.arange(t, device="cuda")[None]
     batch = AttentionBatch(positions=positions, write_index=(pages[positions // 64] * 64 + positions % 64),
                            page_table=pages[None], kv_lens=torch.tensor([t], device="cuda"))
-    with torch.inference_mode():
-        hidden = decoder.forward(seq.cuda()[None], batch, programs.kv, torch.arange(t, device="cuda")[None])
-        ours = decoder.logits(hidden[0]).argmax(-1).tolist()
+    qkv_rows = [spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim,
+                spec.num_kv_heads * spec.head_dim]
+
+    def split_linear(x, w, bias=None):
+        if bias is None and w.shape[0] in (sum(qkv_rows), 2 * spec.intermediate_size):
+            sizes = qkv_rows if w.shape[0] == sum(qkv_rows) else [spec.intermediate_size] * 2
+            return torch.cat([F.linear(x, part) for part in w.split(sizes)], dim=-1)
+        return F.linear(x, w, bias)
+
+    serving_ops = decoder.ops
+    torch_elementwise = replace(serving_ops, rms_norm=layers.rms_norm, add_rms_norm=decoder_module._add_rms_norm,
+                                silu_mul=layers.silu_mul, qkv_rope_write=decoder_module.qkv_rope_write)
+    variants = {"": serving_ops, "_torch_elementwise": torch_elementwise,
+                "_torch_elementwise_split_gemms": replace(torch_elementwise, linear=split_linear)}
+    argmaxes = {}
+    try:
+        for name, ops in variants.items():
+            decoder.ops = ops
+            with torch.inference_mode():
+                hidden = decoder.forward(seq.cuda()[None], batch, programs.kv, torch.arange(t, device="cuda")[None])
+                argmaxes[name] = decoder.logits(hidden[0]).argmax(-1).tolist()
+    finally:
+        decoder.ops = serving_ops
     ref = RESULTS.pop("hf_argmax")
     ref32 = RESULTS.pop("hf_fp32_argmax")
 
     def agreement(a, b):
         return round(sum(x == y for x, y in zip(a, b)) / len(b), 4)
 
-    RESULTS["teacher_forced_agreement"] = agreement(ours, ref)
-    RESULTS["teacher_forced_agreement_vs_fp32"] = agreement(ours, ref32)
+    for name, ours in argmaxes.items():
+        RESULTS[f"teacher_forced_agreement{name}"] = agreement(ours, ref)
+    RESULTS["teacher_forced_agreement_vs_fp32"] = agreement(argmaxes[""], ref32)
     RESULTS["hf_bf16_vs_fp32_agreement"] = agreement(ref, ref32)
     log(f"teacher-forced next-token argmax agreement over {len(ref)} positions: flare vs transformers bf16 "
-        f"{RESULTS['teacher_forced_agreement']}, flare vs transformers fp32 "
+        f"{RESULTS['teacher_forced_agreement']} (torch elementwise ops "
+        f"{RESULTS['teacher_forced_agreement_torch_elementwise']}, and split GEMMs "
+        f"{RESULTS['teacher_forced_agreement_torch_elementwise_split_gemms']}), flare vs transformers fp32 "
         f"{RESULTS['teacher_forced_agreement_vs_fp32']}, transformers bf16 vs fp32 "
         f"{RESULTS['hf_bf16_vs_fp32_agreement']}")
 
@@ -262,6 +296,52 @@ def profile_decode(model, out: Path | None) -> None:
         log(f"decode profile failed: {type(exc).__name__}: {exc}")
 
 
+def prefetch_ab(model, steps: int = 200) -> None:
+    """Diagnostic, last: the batch-1 greedy decode program captured twice, with and without
+    L2 weight prefetching (flare/model/kernels/prefetch.py), replays timed with CUDA events."""
+    from dataclasses import replace
+
+    from flare.model.contract import GraphKind
+
+    try:
+        programs = model.loaded.programs
+        graph = model.loaded.contract.graph(GraphKind.DECODE, 1, greedy=True)
+        serving_ops = programs.decoder.ops
+        variants = {"on": serving_ops, "off": replace(serving_ops, prefetch=None)}
+        times = {}
+        try:
+            for name, ops in variants.items():
+                if name == "on" and ops.prefetch is None:
+                    continue
+                programs.decoder.ops = ops
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    programs.run(graph)
+                torch.cuda.synchronize()
+                cuda_graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(cuda_graph, stream=stream):
+                    programs.run(graph)
+                for _ in range(20):
+                    cuda_graph.replay()
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(steps):
+                    cuda_graph.replay()
+                end.record()
+                end.synchronize()
+                times[name] = begin.elapsed_time(end) / steps
+                del cuda_graph
+        finally:
+            programs.decoder.ops = serving_ops
+        for name, ms in times.items():
+            RESULTS[f"bs1_graph_ms_prefetch_{name}"] = round(ms, 3)
+        log("batch-1 decode graph replayed back to back: " +
+            ", ".join(f"L2 prefetch {name} {ms:.3f} ms/step" for name, ms in times.items()))
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must not cost the run its figures
+        log(f"prefetch comparison failed: {type(exc).__name__}: {exc}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
@@ -302,14 +382,17 @@ def main() -> int:
         if not args.skip_serving:
             serving(model, args)
         profile_decode(model, args.out)
+        prefetch_ab(model)
     finally:
         save_results(args.out)
         model.close()
     keys = ["bs1_ms_per_step", "bs1_floor_ms", "bs1_vs_floor", "bs1_hf_ms_per_step", "bs64_ms_per_step",
-            "bs64_tok_s", "bs64_hf_tok_s", "teacher_forced_agreement", "teacher_forced_agreement_vs_fp32",
+            "bs64_tok_s", "bs64_hf_tok_s", "teacher_forced_agreement", "teacher_forced_agreement_torch_elementwise",
+            "teacher_forced_agreement_torch_elementwise_split_gemms", "teacher_forced_agreement_vs_fp32",
             "hf_bf16_vs_fp32_agreement", "serving_output_tok_s",
             "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
-            "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms"]
+            "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms",
+            "bs1_graph_ms_prefetch_on", "bs1_graph_ms_prefetch_off"]
     for k in keys:
         print(f"{k:>28}: {RESULTS.get(k)}")
     print(json.dumps(RESULTS))

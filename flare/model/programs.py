@@ -23,7 +23,7 @@ from .contract import (
     REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract,
 )
 from .decoder import Decoder
-from .sampling import apply_penalties, philox_uniform, sample
+from .sampling import apply_penalties, greedy_tokens, philox_uniform, sample
 
 _TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "int32": torch.int32}
 
@@ -57,6 +57,8 @@ class StepPrograms:
         self.hidden = torch.zeros(s1, spec.hidden_size, dtype=self.dtype, device=self.device)
         self.output_counts = torch.zeros(s1, spec.vocab_size, dtype=torch.int32, device=self.device)
         self.prompt_counts = torch.zeros(s1, spec.vocab_size, dtype=torch.int32, device=self.device)
+        # The greedy variant's token choice; capture swaps in the two-launch kernel.
+        self.greedy_tokens = greedy_tokens
         self._runners = {
             GraphKind.INITIALIZE: self._initialize,
             GraphKind.PREFILL: self._prefill,
@@ -118,14 +120,13 @@ class StepPrograms:
         """
         buf = self.buffers
         logits = self.decoder.logits(hidden)  # [b, V] float32
-        params = buf["slot.sampling"][slots]
-        out_counts = self.output_counts[slots]
-        seen_prompt = self.prompt_counts[slots] > 0
-        penalized = apply_penalties(logits, params, out_counts, seen_prompt)
         if greedy:
-            token = torch.where(do_sample, penalized.argmax(dim=-1), buf["slot.token"][slots])
+            token = self.greedy_tokens(logits, buf["slot.sampling"], self.output_counts, self.prompt_counts, slots,
+                                       do_sample, buf["slot.token"])
             self._commit_samples(slots, token, do_sample, kind)
             return
+        params = buf["slot.sampling"][slots]
+        penalized = apply_penalties(logits, params, self.output_counts[slots], self.prompt_counts[slots] > 0)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         uniform = philox_uniform(buf["slot.seed"][slots], buf["slot.generated"][slots])
         token = sample(penalized, params, uniform)
@@ -138,7 +139,9 @@ class StepPrograms:
         buf = self.buffers
         buf["slot.token"].index_copy_(0, slots, token)
         buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + do_sample.to(torch.int64))
-        self.output_counts.index_put_((slots, token), do_sample.to(torch.int32), accumulate=True)
+        # Integer atomics: exact in any order, and no sort (index_put_ with accumulate sorts).
+        self.output_counts.view(-1).scatter_add_(0, slots * self.output_counts.shape[1] + token,
+                                                 do_sample.to(torch.int32))
         if raw_logprobs is None:
             self._record(slots, kind, do_sample)
             return

@@ -82,6 +82,20 @@ def apply_penalties(logits: torch.Tensor, params: torch.Tensor, output_counts: t
     return logits - presence * (counts > 0).to(torch.float32) - frequency * counts
 
 
+def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
+                  prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
+                  slot_token: torch.Tensor) -> torch.Tensor:
+    """The greedy decode variant's tokens: argmax of the penalized logits where do_sample,
+    else the slot's current token (int64 [B]).
+
+    logits [B, V] float32; sampling, output_counts, prompt_counts and slot_token are the
+    per-slot state (rows indexed by ``slots``). CUDA graphs use the two-launch kernel
+    :func:`flare.model.kernels.sampling.greedy_tokens` instead.
+    """
+    penalized = apply_penalties(logits, sampling[slots], output_counts[slots], prompt_counts[slots] > 0)
+    return torch.where(do_sample, penalized.argmax(dim=-1), slot_token[slots])
+
+
 def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Sample one token per row from penalized float32 logits [B, V]; returns int64 [B].
 

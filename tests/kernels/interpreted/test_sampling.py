@@ -1,0 +1,63 @@
+"""The greedy variant's two-launch token choice against the torch reference, under the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flare.model import sampling as reference
+from flare.model.contract import SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
+from flare.model.kernels import KernelInputError
+from flare.model.kernels.sampling import greedy_tokens
+
+VOCAB = 5000  # not a multiple of the 2048-token block
+
+
+def _state(seed: int, slots: int = 6):
+    gen = torch.Generator().manual_seed(seed)
+    sampling = torch.zeros(slots, SAMPLING_COLUMNS)
+    sampling[:, SAMPLING_REPETITION] = 1.0
+    sampling[2, SAMPLING_REPETITION] = 1.3
+    sampling[2, SAMPLING_PRESENCE] = 0.7
+    sampling[5, SAMPLING_FREQUENCY] = 0.25
+    sampling[5, SAMPLING_REPETITION] = 0.9
+    out_counts = torch.randint(0, 3, (slots, VOCAB), generator=gen, dtype=torch.int32) * \
+        (torch.rand(slots, VOCAB, generator=gen) < 0.05)
+    prompt_counts = torch.randint(0, 2, (slots, VOCAB), generator=gen, dtype=torch.int32) * \
+        (torch.rand(slots, VOCAB, generator=gen) < 0.05)
+    slot_token = torch.arange(slots, dtype=torch.int64) + 100
+    return gen, sampling, out_counts.to(torch.int32), prompt_counts.to(torch.int32), slot_token
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_tokens_match_the_reference(seed):
+    gen, sampling, out_counts, prompt_counts, slot_token = _state(seed)
+    slots = torch.tensor([2, 0, 5, 3])
+    logits = torch.randn(4, VOCAB, generator=gen) * 3
+    do_sample = torch.tensor([True, True, True, False])
+    args = (logits, sampling, out_counts, prompt_counts, slots, do_sample, slot_token)
+    want = reference.greedy_tokens(*args)
+    got = greedy_tokens(*args)
+    assert torch.equal(got, want), f"greedy_tokens {got.tolist()} != reference {want.tolist()}"
+    assert int(got[3]) == int(slot_token[3]), "a row that does not sample keeps its slot's token"
+
+
+def test_ties_resolve_to_the_lowest_token_id_across_blocks():
+    _, sampling, out_counts, prompt_counts, slot_token = _state(4)
+    out_counts.zero_()
+    prompt_counts.zero_()
+    logits = torch.zeros(2, VOCAB)
+    logits[0, [4500, 2100, 3000]] = 7.0  # maxima in blocks 1 and 2: 2100 wins
+    logits[1, [1999, 17]] = 2.5  # both in block 0: 17 wins
+    args = (logits, sampling, out_counts, prompt_counts, torch.tensor([0, 1]), torch.tensor([True, True]), slot_token)
+    assert greedy_tokens(*args).tolist() == [2100, 17] == reference.greedy_tokens(*args).tolist()
+
+
+def test_bad_inputs_raise_typed_errors():
+    _, sampling, out_counts, prompt_counts, slot_token = _state(5)
+    slots, do_sample = torch.tensor([0]), torch.tensor([True])
+    with pytest.raises(KernelInputError, match="greedy_tokens: logits must be float32"):
+        greedy_tokens(torch.zeros(1, VOCAB, dtype=torch.float64), sampling, out_counts, prompt_counts, slots,
+                      do_sample, slot_token)
+    with pytest.raises(KernelInputError, match="greedy_tokens: counts must be int32"):
+        greedy_tokens(torch.zeros(1, VOCAB + 1), sampling, out_counts, prompt_counts, slots, do_sample, slot_token)
