@@ -23,7 +23,7 @@ FLARE_BUILD_ONLY=sched,prefix_hash,jinja_vm python3 setup.py build_ext --inplace
 echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 if [ "$TESTS" != "none" ]; then
-  timeout "$TEST_TIMEOUT" python3 -m pytest -q -x -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
 if [ "$SERVER" = 1 ]; then
   python3 tools/make_test_core.py --tokenizer .carry/llama3-tokenizer.json --output /tmp/flare-test-core \
