@@ -296,52 +296,6 @@ def profile_decode(model, out: Path | None) -> None:
         log(f"decode profile failed: {type(exc).__name__}: {exc}")
 
 
-def prefetch_ab(model, steps: int = 200) -> None:
-    """Diagnostic, last: the batch-1 greedy decode program captured twice, with and without
-    L2 weight prefetching (flare/model/kernels/prefetch.py), replays timed with CUDA events."""
-    from dataclasses import replace
-
-    from flare.model.contract import GraphKind
-
-    try:
-        programs = model.loaded.programs
-        graph = model.loaded.contract.graph(GraphKind.DECODE, 1, greedy=True)
-        serving_ops = programs.decoder.ops
-        variants = {"on": serving_ops, "off": replace(serving_ops, prefetch=None)}
-        times = {}
-        try:
-            for name, ops in variants.items():
-                if name == "on" and ops.prefetch is None:
-                    continue
-                programs.decoder.ops = ops
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    programs.run(graph)
-                torch.cuda.synchronize()
-                cuda_graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(cuda_graph, stream=stream):
-                    programs.run(graph)
-                for _ in range(20):
-                    cuda_graph.replay()
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                for _ in range(steps):
-                    cuda_graph.replay()
-                end.record()
-                end.synchronize()
-                times[name] = begin.elapsed_time(end) / steps
-                del cuda_graph
-        finally:
-            programs.decoder.ops = serving_ops
-        for name, ms in times.items():
-            RESULTS[f"bs1_graph_ms_prefetch_{name}"] = round(ms, 3)
-        log("batch-1 decode graph replayed back to back: " +
-            ", ".join(f"L2 prefetch {name} {ms:.3f} ms/step" for name, ms in times.items()))
-    except Exception as exc:  # noqa: BLE001 - a diagnostic must not cost the run its figures
-        log(f"prefetch comparison failed: {type(exc).__name__}: {exc}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
@@ -382,7 +336,6 @@ def main() -> int:
         if not args.skip_serving:
             serving(model, args)
         profile_decode(model, args.out)
-        prefetch_ab(model)
     finally:
         save_results(args.out)
         model.close()
@@ -391,8 +344,7 @@ def main() -> int:
             "teacher_forced_agreement_torch_elementwise_split_gemms", "teacher_forced_agreement_vs_fp32",
             "hf_bf16_vs_fp32_agreement", "serving_output_tok_s",
             "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
-            "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms",
-            "bs1_graph_ms_prefetch_on", "bs1_graph_ms_prefetch_off"]
+            "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms"]
     for k in keys:
         print(f"{k:>28}: {RESULTS.get(k)}")
     print(json.dumps(RESULTS))

@@ -14,7 +14,6 @@ programs; the executor holds it until its streams have drained.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -40,16 +39,13 @@ def _size(graph) -> tuple[int, int]:
     return (graph.batch * graph.tokens, int(graph.kind == GraphKind.PREFILL))
 
 
-def use_kernels(programs: StepPrograms, *, prefetch: bool | None = None) -> None:
+def use_kernels(programs: StepPrograms) -> None:
     """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV)
-    and L2 weight prefetching (kernels/prefetch.py; FLARE_L2_PREFETCH=0 turns it off)."""
+    and the greedy variant to its two-launch token choice."""
     from .decoder import cuda_ops
-
-    if prefetch is None:
-        prefetch = os.environ.get("FLARE_L2_PREFETCH", "1") != "0"
     from .kernels.sampling import greedy_tokens
 
-    programs.decoder.ops = cuda_ops(programs.device if prefetch else None)
+    programs.decoder.ops = cuda_ops()
     programs.greedy_tokens = greedy_tokens
 
 

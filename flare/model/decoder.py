@@ -63,34 +63,15 @@ class DecoderOps:
     silu_mul: Callable = silu_mul
     qkv_rope_write: Callable = qkv_rope_write  # see qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
-    # Optional kernels.prefetch.L2Prefetch: pulls the next weight into L2 during the
-    # latency-bound stretches of a small-batch step.
-    prefetch: object | None = None
 
 
-def cuda_ops(prefetch_on: torch.device | None = None) -> DecoderOps:
-    """Triton kernels for attention and the fused elementwise work; small-batch GEMV linear;
-    L2 weight prefetching for GEMV-sized steps when given the CUDA device to prefetch on."""
+def cuda_ops() -> DecoderOps:
+    """Triton kernels for attention and the fused elementwise work; small-batch GEMV linear."""
     from . import kernels
-    from .kernels.prefetch import L2Prefetch
 
     return DecoderOps(linear=kernels.linear, rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
                       silu_mul=kernels.silu_mul, qkv_rope_write=kernels.qkv_rope_write,
-                      attention=kernels.paged_attention,
-                      prefetch=L2Prefetch(prefetch_on, kernels.MAX_ROWS) if prefetch_on is not None else None)
-
-
-class _NoPrefetch:
-    long_gap = short_gap = 0
-
-    def start(self, weight: torch.Tensor, max_bytes: int) -> None:
-        pass
-
-    def join(self) -> None:
-        pass
-
-
-_NO_PREFETCH = _NoPrefetch()
+                      attention=kernels.paged_attention)
 
 
 class Decoder:
@@ -124,34 +105,19 @@ class Decoder:
         b, nq = tokens.shape
         h, d = spec.num_heads, spec.head_dim
         eps = spec.rms_norm_eps
-        pf = ops.prefetch if ops.prefetch is not None and ops.prefetch.applies(b * nq) else _NO_PREFETCH
-        long_gap, short_gap = pf.long_gap, pf.short_gap
         x = F.embedding(tokens, self.w["embed"])  # [B, Q, hidden]
         residual = x
-        pf.start(self.layers[0]["qkv"], short_gap)
         y = ops.rms_norm(x, self.layers[0]["attn_norm"], eps)
         for i, lw in enumerate(self.layers):
-            pf.join()
             qkv = ops.linear(y, lw["qkv"], lw["qkv_bias"])
-            pf.start(lw["o"], long_gap)
             q = ops.qkv_rope_write(qkv, h, lw["q_norm"], lw["k_norm"], eps, self.rope_cos, self.rope_sin,
                                    batch.positions, batch.write_index, kv.k[i], kv.v[i])
             attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
-            pf.join()
-            o = ops.linear(attn.reshape(b, nq, h * d), lw["o"])
-            pf.start(lw["gate_up"], short_gap)
-            y, residual = ops.add_rms_norm(o, residual, lw["mlp_norm"], eps)
-            pf.join()
-            gate_up = ops.linear(y, lw["gate_up"])
-            pf.start(lw["down"], short_gap)
-            act = ops.silu_mul(gate_up)
-            pf.join()
-            x = ops.linear(act, lw["down"])
-            last = i + 1 == len(self.layers)
-            pf.start(self.lm_head if last else self.layers[i + 1]["qkv"], short_gap)
-            following = self.w["norm"] if last else self.layers[i + 1]["attn_norm"]
+            y, residual = ops.add_rms_norm(ops.linear(attn.reshape(b, nq, h * d), lw["o"]), residual,
+                                           lw["mlp_norm"], eps)
+            x = ops.linear(ops.silu_mul(ops.linear(y, lw["gate_up"])), lw["down"])
+            following = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.w["norm"]
             y, residual = ops.add_rms_norm(x, residual, following, eps)
-        pf.join()
         rows = torch.arange(b, device=y.device)
         return y[rows, sample_index]  # [B, hidden]: the last layer's add_rms_norm applied the final norm
 

@@ -70,6 +70,19 @@ def test_add_rms_norm_returns_normed_and_new_residual(dtype):
     assert_matches("add_rms_norm", normed, layers.rms_norm(want_residual, w, 1e-6))
 
 
+def test_prefill_norms_take_torch_variance():
+    """A prefill chunk [B, Q > 1, N] takes torch's variance (bit-exact on the GPU:
+    tests/gpu); here the values and the new residual are checked."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 7, 256, generator=gen).bfloat16()  # 3 rows of 7 tokens
+    residual = (2 * torch.randn(3, 7, 256, generator=gen)).bfloat16()
+    w = torch.randn(256, generator=gen).bfloat16()
+    assert_matches("rms_norm", rms_norm(x, w, 1e-5), layers.rms_norm(x, w, 1e-5))
+    normed, new_residual = add_rms_norm(x, residual, w, 1e-5)
+    assert torch.equal(new_residual, residual + x)
+    assert_matches("add_rms_norm", normed, layers.rms_norm(residual + x, w, 1e-5))
+
+
 @pytest.mark.parametrize("shape", [(3, 2, 600), (4, 2 * 1100)], ids=["3d", "2d-two-blocks"])
 def test_silu_mul(shape):
     gen = torch.Generator().manual_seed(6)
