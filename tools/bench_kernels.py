@@ -12,8 +12,9 @@ Sections (all by default, or pick with --only):
   attention   paged decode (B x context) and prefill (chunk over a prefix) against
               paged_attention_reference and F.scaled_dot_product_attention on
               contiguous K/V
-  elementwise rms_norm, add_rms_norm, silu_mul against flare.model.layers, qkv_rope_write
-  against flare.model.decoder.qkv_rope_write (the torch composite)
+  elementwise rms_norm, add_rms_norm (decode rows and a prefill chunk, which takes
+              torch's variance), silu_mul against flare.model.layers; qkv_rope_write
+              against flare.model.decoder.qkv_rope_write (the torch composite)
   gemv        linear_small_m against F.linear (cuBLAS) on Llama-3-8B shapes, M = 1..8,
               32 distinct weight copies per shape (as in a real step)
   step        all 32 layers' qkv/o/gate_up/down plus lm_head (15.0 GB of bf16) in one
@@ -227,6 +228,11 @@ def bench_elementwise(ceiling: float, results: dict) -> None:
                [lambda x=x: layers.rms_norm(x, w, 1e-5) for x in xs], nbytes)
         report("add_rms_norm", f"{rows}x{HIDDEN}", [lambda x=x, r=r: add_rms_norm(x, r, w, 1e-5) for x, r in zip(xs, rs)],
                [lambda x=x, r=r: layers.rms_norm(r + x, w, 1e-5) for x, r in zip(xs, rs)], 2 * nbytes)
+        if rows > 1:  # the same rows as one prefill chunk [1, Q, N]: torch's variance, then the kernel
+            chunks = [(x.view(1, rows, HIDDEN), r.view(1, rows, HIDDEN)) for x, r in zip(xs, rs)]
+            report("add_rms_norm_prefill", f"1x{rows}x{HIDDEN}",
+                   [lambda c=c: add_rms_norm(c[0], c[1], w, 1e-5) for c in chunks],
+                   [lambda c=c: layers.rms_norm(c[1] + c[0], w, 1e-5) for c in chunks], 2 * nbytes)
     table_cos, table_sin = torch.rand(8192, D, device=DEV, generator=gen), torch.rand(8192, D, device=DEV, generator=gen)
     for b, q_len in ((64, 1), (1, 2048)):
         nbytes = 2 * b * q_len * (H + 2 * HKV) * D * 2 + 2 * b * q_len * D * 4

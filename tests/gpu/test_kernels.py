@@ -22,6 +22,7 @@ from flare.model.kernels import (  # noqa: E402
     GemvConfig, add_rms_norm, choose_num_splits, linear, linear_small_m, paged_attention,
     paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm, silu_mul,
 )
+from tests.gpu.graphs import capture  # noqa: E402
 from tests.kernels.paged_cases import build_case, check_attention  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -201,19 +202,6 @@ def test_linear_selector():
 
 # -- CUDA graphs -----------------------------------------------------------------
 
-def _capture(fn):
-    """Warm ``fn`` up on a side stream (compiles), capture it, return (graph, output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
 def _refill_case(case, lens: list[int], seed: int) -> None:
     """New q, lengths, positions and page tables written into the captured tensors."""
     fresh = build_case(kv_lens=lens, q_len=case.q.shape[1], num_heads=case.q.shape[2],
@@ -233,7 +221,7 @@ def test_attention_graph_replay(b, q_len):
     lens = [4000 + 100 * i for i in range(b)]
     case = build_case(kv_lens=lens, q_len=q_len, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
                       dtype=torch.bfloat16, device=DEV, seed=11, spare_pages=64 * b)
-    graph, out = _capture(lambda: paged_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale))
+    graph, out = capture(lambda: paged_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale))
     for step, new_lens in enumerate([[8000 - 300 * i for i in range(b)], [65 + i for i in range(b)]]):
         _refill_case(case, new_lens, seed=20 + step)
         graph.replay()
@@ -266,7 +254,7 @@ def test_elementwise_and_gemv_graph_replay():
     for t in (x, residual, qkv):
         t.copy_(torch.randn(t.shape, generator=gen, device=DEV))
     positions.copy_(torch.randint(0, 8192, positions.shape, generator=gen, device=DEV))
-    graph, outs = _capture(step)
+    graph, outs = capture(step)
     for replay in range(2):
         for t in (x, residual, qkv):
             t.copy_(torch.randn(t.shape, generator=gen, device=DEV))
@@ -308,7 +296,7 @@ def test_pdl_gemv_chain_in_graph():
         return h
 
     x.copy_(torch.randn(x.shape, generator=gen, device=DEV))
-    graph, out = _capture(chain)
+    graph, out = capture(chain)
     for replay in range(3):
         x.copy_(torch.randn(x.shape, generator=gen, device=DEV))
         graph.replay()

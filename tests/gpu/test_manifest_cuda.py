@@ -20,6 +20,7 @@ pytest.importorskip("cuda.bindings")
 from flare.execution.manifest import DEVICE, HOST, ExecutionManifest, ManifestError  # noqa: E402
 from flare.execution.replay import GraphReplayWorker, current_context  # noqa: E402
 from flare.model.contract import REC_KIND, REC_SLOT, GraphKind, PreparedContract  # noqa: E402
+from tests.gpu.graphs import capture  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -47,14 +48,7 @@ def prepared():
             frame[:, REC_SLOT].copy_(slots)
             frame[:, REC_KIND].fill_(kind)
 
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            body()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            body()
-        graphs.append(graph)
+        graphs.append(capture(body, pool=pool, stream=stream)[0])
     torch.cuda.synchronize()
     handles = [int(g.raw_cuda_graph_exec()) for g in graphs]
     return Owner(buffers=buffers, slots=slots, graphs=graphs, pool=pool, handles=handles)

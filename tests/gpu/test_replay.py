@@ -33,6 +33,7 @@ pytest.importorskip("cuda.bindings")
 from cuda.bindings import driver as cu  # noqa: E402
 
 from flare.errors import ExecutionError  # noqa: E402
+from tests.gpu.graphs import capture  # noqa: E402
 from flare.execution.replay import (  # noqa: E402
     CudaCallError, GraphReplayWorker, ReplayBackpressure, current_context,
 )
@@ -54,20 +55,6 @@ def check(result, what: str):
     if result[0] != cu.CUresult.CUDA_SUCCESS:
         raise AssertionError(f"test setup: {what} failed: {result[0].name}")
     return result[1] if len(result) == 2 else None
-
-
-def capture(body, *, pool=None) -> torch.cuda.CUDAGraph:
-    """Warm ``body`` up on a side stream, capture it, and synchronize (preparation's contract)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
-        body()
-    torch.cuda.synchronize()
-    return graph
 
 
 def handle(graph: torch.cuda.CUDAGraph) -> int:
@@ -92,7 +79,7 @@ def next_completion(worker: GraphReplayWorker, what: str):
 
 def counter_graph():
     counter = torch.zeros(1, dtype=torch.int64, device=DEV)
-    graph = capture(lambda: counter.add_(1))
+    graph, _ = capture(lambda: counter.add_(1))
     counter.zero_()
     torch.cuda.synchronize()
     return graph, counter
@@ -108,7 +95,7 @@ def slow_graph(target_ms: float):
         torch.matmul(a, a, out=c)
         counter.add_(1)
 
-    graph = capture(body)
+    graph, _ = capture(body)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(20):
@@ -156,7 +143,7 @@ def test_changed_device_inputs_between_completed_submissions():
         torch.mul(x, 2.0, out=y)
         y.add_(1.0)
 
-    graph = capture(body)
+    graph, _ = capture(body)
     owner = Owner(graph=graph, x=x, y=y)
     worker = worker_for(owner, [graph], [x, y])
     gen = torch.Generator(device=DEV).manual_seed(7)
@@ -185,7 +172,7 @@ def capacity_graphs():
             out[:b].copy_(tmp + float(b))
         return run
 
-    graphs = [capture(body(b), pool=pool) for b in capacities]
+    graphs = [capture(body(b), pool=pool)[0] for b in capacities]
     return capacities, graphs, inp, out, pool
 
 
@@ -209,8 +196,8 @@ def test_graphs_of_different_capacities():
 def test_submissions_share_one_stream_in_order():
     capacities, graphs, inp, out, pool = capacity_graphs()
     acc = torch.zeros(1, dtype=torch.float32, device=DEV)
-    add_one = capture(lambda: acc.add_(1.0), pool=pool)
-    double = capture(lambda: acc.copy_(acc * 2.0), pool=pool)  # pooled intermediate, aliased with the others
+    add_one, _ = capture(lambda: acc.add_(1.0), pool=pool)
+    double, _ = capture(lambda: acc.copy_(acc * 2.0), pool=pool)  # pooled intermediate, aliased with the others
     acc.zero_()
     out.zero_()
     torch.cuda.synchronize()
