@@ -57,8 +57,11 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, var_ptr,
     num_rows, inner, width, inv_width, eps,
     s_xo, s_xi, s_ro, s_ri,
-    HAS_RESIDUAL: tl.constexpr, HAS_VARIANCE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_VARIANCE: tl.constexpr, SQUARES_ONLY: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # SQUARES_ONLY: the first half of a prefill norm (see _norm): the residual sum, if
+    # any, and the fp32 squares into var_ptr ([rows, width]); nothing is normalised.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < num_rows
@@ -75,13 +78,16 @@ def _rms_norm_kernel(
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(res_out_ptr + out_offs, x, mask=mask)
     xf = x.to(tl.float32)
-    if HAS_VARIANCE:  # the mean of squares, as torch reduced it
-        rstd = _rsqrt(tl.load(var_ptr + rows, mask=row_ok, other=1.0) + eps)
+    if SQUARES_ONLY:
+        tl.store(var_ptr + out_offs, xf * xf, mask=mask)
     else:
-        rstd = _rsqrt(tl.sum(xf * xf, axis=1) * inv_width + eps)
-    normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)  # layers.rms_norm casts before the weight
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + out_offs, (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+        if HAS_VARIANCE:  # the mean of squares, as torch reduced it
+            rstd = _rsqrt(tl.load(var_ptr + rows, mask=row_ok, other=1.0) + eps)
+        else:
+            rstd = _rsqrt(tl.sum(xf * xf, axis=1) * inv_width + eps)
+        normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)  # layers.rms_norm casts before the weight
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + out_offs, (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -212,34 +218,38 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
         tensors["residual"] = residual
     require_same_device(kernel, **tensors)
     num_rows = x.numel() // width
-    variance = res_out = None
-    if is_prefill_chunk(x):
-        # The sum of squares reduced by torch, in the order transformers' own RMSNorm
-        # reduces it, so the normalised rows are bit-identical to transformers'. Decode
-        # steps ([B, 1, N]) keep the one-pass kernel: three more launches per norm would
-        # cost a batch-64 step about 9%.
-        # (Reduced here, in another order, a few rows' fp32 variance moves by an ulp; that
-        # flips a bf16 rounding in about 1e-5 of the elements, enough to change 2.5% of the
-        # teacher-forced argmaxes of a random-weight Llama-3-8B: H200, 2026-11-30.)
-        if residual is not None:
-            x = residual + x
-            residual = None
-            res_out = x
-        variance = x.float().pow(2).mean(-1)
-    x3 = _lead_view(x, 1)
-    r3 = _lead_view(residual, 1) if residual is not None else x3
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    if residual is not None:
-        res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     block_n = next_power_of_2(width)
     block_r = max(1, min(_NORM_TILE // block_n, next_power_of_2(num_rows)))
-    _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
-        x3, r3, weight, out, res_out if res_out is not None else out, variance if variance is not None else out,
-        num_rows, x3.shape[1], width, 1.0 / width, float(eps),
-        x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
-        HAS_RESIDUAL=residual is not None, HAS_VARIANCE=variance is not None, BLOCK_R=block_r, BLOCK_N=block_n,
-        num_warps=8 if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
-    )
+
+    def launch(src: torch.Tensor, res: torch.Tensor | None, var: torch.Tensor | None, squares_only: bool) -> None:
+        x3 = _lead_view(src, 1)
+        r3 = _lead_view(res, 1) if res is not None else x3
+        _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
+            x3, r3, weight, out, res_out if res_out is not None else out, var if var is not None else out,
+            num_rows, x3.shape[1], width, 1.0 / width, float(eps),
+            x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
+            HAS_RESIDUAL=res is not None, HAS_VARIANCE=var is not None and not squares_only,
+            SQUARES_ONLY=squares_only, BLOCK_R=block_r, BLOCK_N=block_n,
+            num_warps=8 if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
+        )
+
+    if not is_prefill_chunk(x):
+        launch(x, residual, None, False)
+        return out, res_out
+    # A prefill chunk: the kernel writes the residual sum and its fp32 squares, torch
+    # reduces them (transformers' RMSNorm reduces x.float().pow(2) of the same shape,
+    # hence in the same order), and the kernel normalises with that variance, so the
+    # rows are bit-identical to transformers'. Reduced in the kernel instead, a few rows'
+    # fp32 variance moves by an ulp; that flips a bf16 rounding in about 1e-5 of the
+    # elements, enough to change 2.5% of the teacher-forced argmaxes of a random-weight
+    # Llama-3-8B (H200, 2026-11-30). Decode steps ([B, 1, N]) keep the one-pass kernel:
+    # two more launches per norm would cost a batch-64 step several percent.
+    squares = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    launch(x, residual, squares, True)
+    summed = res_out if res_out is not None else x
+    launch(summed, None, squares.mean(-1), False)
     return out, res_out
 
 
