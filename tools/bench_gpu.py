@@ -297,19 +297,18 @@ def profile_decode(model, out: Path | None) -> None:
 
 
 def main() -> int:
+    from bench_serving import add_load_arguments
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/flare-bench"))
     parser.add_argument("--tokenizer", type=Path, required=True, help="a Llama 3 tokenizer.json")
     parser.add_argument("--context", type=int, default=4096)
-    parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--hf-compile", action="store_true", help="let transformers compile its static-cache forward")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-hf-timing", action="store_true", help="transformers only for teacher forcing")
     parser.add_argument("--skip-serving", action="store_true")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
+    add_load_arguments(parser)
     parser.add_argument("--prompt-vocab", type=int, default=120000, help="random prompt token ids below this")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()

@@ -33,6 +33,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_serving import add_load_arguments  # noqa: E402
 from busy import serve_and_measure  # noqa: E402
 
 
@@ -87,10 +88,7 @@ def build_engine(args):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
+    add_load_arguments(parser)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--decode-ms", type=float, default=5.64, help="simulated batch-1 decode step")

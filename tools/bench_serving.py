@@ -148,15 +148,21 @@ async def run(args) -> dict:
     }
 
 
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The load options (defaults: the issue's serving workload), shared with the tools that
+    run this client against a server they start (bench_gpu.py, bench_host.py)."""
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=256)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
+    add_load_arguments(parser)
     parser.add_argument("--vocab", type=int, default=128000, help="prompt token IDs are drawn below this")
     parser.add_argument("--vocab-low", type=int, default=1000, help="and at or above this (skips specials)")
     parser.add_argument("--seed", type=int, default=0)
