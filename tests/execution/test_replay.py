@@ -290,13 +290,18 @@ def watch_release(fake: FakeDriver, owner: Owner, worker_thread: list) -> dict:
     return seen
 
 
-def test_close_runs_queued_work_drains_joins_then_releases_the_owner(fake):
+def watched_worker(fake: FakeDriver):
+    """A worker that alone holds its owner, whose release is watched; the device is held
+    (the gate closed) so submitted work stays queued. -> (worker, seen, released)"""
     owner = Owner()
     worker = make(fake, owner)
     seen = watch_release(fake, owner, [worker._thread])
-    released = weakref.ref(owner)
-    del owner
     fake.gate.clear()
+    return worker, seen, weakref.ref(owner)
+
+
+def test_close_runs_queued_work_drains_joins_then_releases_the_owner(fake):
+    worker, seen, released = watched_worker(fake)
     worker.submit(0, repetitions=2)
     worker.submit(1)
     worker.submit(2, repetitions=4)
@@ -325,12 +330,7 @@ def test_close_runs_queued_work_drains_joins_then_releases_the_owner(fake):
 
 
 def test_destructor_of_an_unclosed_worker_drains_before_releasing_the_owner(fake):
-    owner = Owner()
-    worker = make(fake, owner)
-    seen = watch_release(fake, owner, [worker._thread])
-    released = weakref.ref(owner)
-    del owner
-    fake.gate.clear()
+    worker, seen, released = watched_worker(fake)
     worker.submit(1, repetitions=5)
     gate_opened = []
     threading.Timer(0.05, lambda: (gate_opened.append(time.monotonic()), fake.gate.set())).start()
