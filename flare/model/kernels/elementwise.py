@@ -8,8 +8,9 @@ multiply-add contraction (``enable_fp_fusion=False``; with it LLVM turns a round
 product followed by a sum into one bf16 FMA, which skips the product's rounding:
 H200, 2026-11-30, 20% of RoPE outputs one ulp off transformers'), and approximate
 exp / division / rsqrt (libdevice's and the correctly rounded division, the ones
-torch's CUDA kernels call). The norms' sums still add in a different order than
-torch's reduction, which moves a bf16 result by an ulp only rarely. They
+torch's CUDA kernels call). A prefill chunk's norms take their variance from torch's
+own reduction (see _norm); decode norms and Qwen3's per-head q/k norm sum in another
+order than torch, which moves a bf16 result by an ulp only rarely. They
 read strided inputs (a head slice of the fused qkv projection) without a copy
 when the leading dimensions can be viewed as [outer, inner] rows, and always
 write fresh contiguous outputs.
@@ -223,20 +224,24 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
     block_n = next_power_of_2(width)
     block_r = max(1, min(_NORM_TILE // block_n, next_power_of_2(num_rows)))
 
-    def launch(src: torch.Tensor, res: torch.Tensor | None, var: torch.Tensor | None, squares_only: bool) -> None:
+    def launch(src: torch.Tensor, res: torch.Tensor | None, *, variance: torch.Tensor | None = None,
+               squares: torch.Tensor | None = None) -> None:
+        """Normalise src (+ res), with ``variance`` per row when given; or, given ``squares``,
+        only write the sum and its fp32 squares there."""
         x3 = _lead_view(src, 1)
         r3 = _lead_view(res, 1) if res is not None else x3
+        stats = squares if squares is not None else variance
         _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
-            x3, r3, weight, out, res_out if res_out is not None else out, var if var is not None else out,
+            x3, r3, weight, out, res_out if res_out is not None else out, stats if stats is not None else out,
             num_rows, x3.shape[1], width, 1.0 / width, float(eps),
             x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
-            HAS_RESIDUAL=res is not None, HAS_VARIANCE=var is not None and not squares_only,
-            SQUARES_ONLY=squares_only, BLOCK_R=block_r, BLOCK_N=block_n,
+            HAS_RESIDUAL=res is not None, HAS_VARIANCE=variance is not None,
+            SQUARES_ONLY=squares is not None, BLOCK_R=block_r, BLOCK_N=block_n,
             num_warps=8 if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
         )
 
     if not is_prefill_chunk(x):
-        launch(x, residual, None, False)
+        launch(x, residual)
         return out, res_out
     # A prefill chunk: the kernel writes the residual sum and its fp32 squares, torch
     # reduces them (transformers' RMSNorm reduces x.float().pow(2) of the same shape,
@@ -247,9 +252,8 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
     # Llama-3-8B (H200, 2026-11-30). Decode steps ([B, 1, N]) keep the one-pass kernel:
     # two more launches per norm would cost a batch-64 step several percent.
     squares = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    launch(x, residual, squares, True)
-    summed = res_out if res_out is not None else x
-    launch(summed, None, squares.mean(-1), False)
+    launch(x, residual, squares=squares)
+    launch(res_out if res_out is not None else x, None, variance=squares.mean(-1))
     return out, res_out
 
 
