@@ -36,7 +36,6 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -47,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flare.model import decoder, layers  # noqa: E402
 from flare.model.attention import AttentionBatch, paged_attention_reference  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
-    GemvConfig, add_rms_norm, default_config, linear, linear_small_m, paged_attention, qkv_rope_write,
+    GemvConfig, _common, add_rms_norm, default_config, linear, linear_small_m, paged_attention, qkv_rope_write,
     rms_norm, silu_mul,
 )
 
@@ -299,13 +298,15 @@ def bench_step(ceiling: float, results: dict, weights, gen) -> None:
                                                   weights["down"][i])] + weights["lm_head"]
     for m in (1, 2, 4, 8):
         xs = {k: torch.randn(m, k, device=DEV, generator=gen).bfloat16() for k in (HIDDEN, INTER)}
-        pdl = {w.shape: replace(default_config(m, *w.shape, DEV), pdl=True) for w in order}
 
         def step(fn):
             return [lambda: [fn(xs[w.shape[1]], w) for w in order]]
 
+        _common.pdl_mode = "off"
         ours_ms = graph_us(step(linear), repeats=10) / 1e3
-        pdl_ms = graph_us(step(lambda x, w: linear_small_m(x, w, config=pdl[w.shape])), repeats=10) / 1e3
+        _common.pdl_mode = "on"
+        pdl_ms = graph_us(step(linear), repeats=10) / 1e3
+        _common.pdl_mode = "auto"
         ref_ms = graph_us(step(F.linear), repeats=10) / 1e3
         row(m, ours_ms, 100 * floor_ms / ours_ms, pdl_ms, 100 * floor_ms / pdl_ms, ref_ms, 100 * floor_ms / ref_ms)
         results[f"step_m{m}"] = {"flare_ms": ours_ms, "flare_pdl_ms": pdl_ms, "cublas_ms": ref_ms, "floor_ms": floor_ms,
@@ -319,11 +320,9 @@ def sweep_configs(m: int) -> list[GemvConfig]:
     configs = [swap(32, 256, st) for st in (4, 5, 6, 7)] + [swap(64, 256, st) for st in (5, 6)]
     configs += [swap(64, 128, st) for st in (4, 5, 6, 7)] + [swap(128, 128, 3), swap(128, 128, 4)]
     configs += [swap(32, 512, 3), swap(32, 512, 4), swap(16, 256, 5), swap(16, 512, 5), swap(32, 256, 5, split_k=2)]
-    configs += [swap(32, 256, 5, pdl=True), swap(64, 128, 5, pdl=True), swap(32, 256, 6, pdl=True)]
     if m == 1:
         for bn, bk, warps in ((8, 512, 2), (8, 1024, 4), (4, 1024, 2), (16, 512, 4)):
             configs.append(GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=3, mode="fma"))
-        configs.append(GemvConfig(block_n=8, block_k=512, num_warps=2, num_stages=3, mode="fma", pdl=True))
     return configs
 
 

@@ -28,6 +28,16 @@ def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return rms_norm(residual, weight, eps), residual
 
 
+def linear_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """The MLP's first half: ``silu(gate) * up`` of the fused ``[2I, hidden]`` projection."""
+    return silu_mul(F.linear(x, gate_up))
+
+
+def linear_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Logits: the projection in the model's dtype, returned as float32."""
+    return F.linear(x, w).float()
+
+
 def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                    eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
                    write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
@@ -58,9 +68,10 @@ class DecoderOps:
     """The primitive operations of a forward pass; CUDA swaps in Triton kernels."""
 
     linear: Callable = F.linear
+    linear_silu: Callable = linear_silu  # (x, gate_up) -> silu(gate) * up
+    linear_float: Callable = linear_float  # (x, w) -> float32 F.linear(x, w)
     rms_norm: Callable = rms_norm
     add_rms_norm: Callable = _add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
-    silu_mul: Callable = silu_mul
     qkv_rope_write: Callable = qkv_rope_write  # see qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
 
@@ -69,9 +80,9 @@ def cuda_ops() -> DecoderOps:
     """Triton kernels for attention and the fused elementwise work; small-batch GEMV linear."""
     from . import kernels
 
-    return DecoderOps(linear=kernels.linear, rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
-                      silu_mul=kernels.silu_mul, qkv_rope_write=kernels.qkv_rope_write,
-                      attention=kernels.paged_attention)
+    return DecoderOps(linear=kernels.linear, linear_silu=kernels.linear_silu, linear_float=kernels.linear_float,
+                      rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
+                      qkv_rope_write=kernels.qkv_rope_write, attention=kernels.paged_attention)
 
 
 class Decoder:
@@ -115,7 +126,7 @@ class Decoder:
             attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
             y, residual = ops.add_rms_norm(ops.linear(attn.reshape(b, nq, h * d), lw["o"]), residual,
                                            lw["mlp_norm"], eps)
-            x = ops.linear(ops.silu_mul(ops.linear(y, lw["gate_up"])), lw["down"])
+            x = ops.linear(ops.linear_silu(y, lw["gate_up"]), lw["down"])
             following = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.w["norm"]
             y, residual = ops.add_rms_norm(x, residual, following, eps)
         rows = torch.arange(b, device=y.device)
@@ -123,4 +134,4 @@ class Decoder:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, hidden] -> float32 logits [B, V]."""
-        return self.ops.linear(hidden, self.lm_head).float()
+        return self.ops.linear_float(hidden, self.lm_head)

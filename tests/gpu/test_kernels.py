@@ -19,8 +19,8 @@ pytest.importorskip("triton")
 
 from flare.model import decoder, layers  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
-    GemvConfig, add_rms_norm, choose_num_splits, linear, linear_small_m, paged_attention,
-    paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm, silu_mul,
+    GemvConfig, _common, add_rms_norm, choose_num_splits, linear, linear_float, linear_silu, linear_small_m,
+    paged_attention, paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm, silu_mul,
 )
 from tests.gpu.graphs import capture  # noqa: E402
 from tests.kernels.paged_cases import build_case, check_attention  # noqa: E402
@@ -186,7 +186,7 @@ def test_linear_small_m_llama3_shapes(name):
         x = torch.randn(m, k, generator=gen, device=DEV).bfloat16()
         _check_linear(f"linear_small_m {name} M={m} N={n} K={k}", linear_small_m(x, w, bias), x, w, bias)
     for cfg in (GemvConfig(mode="swap", block_n=64, block_k=128), GemvConfig(mode="dot", split_k=4, block_n=32),
-                GemvConfig(mode="swap", block_n=32, block_k=256, num_stages=5, pdl=True)):
+                GemvConfig(mode="swap", block_n=32, block_k=256, num_stages=5)):
         x = torch.randn(3, k, generator=gen, device=DEV).bfloat16()
         _check_linear(f"linear_small_m {name} M=3 {cfg}", linear_small_m(x, w, bias, config=cfg), x, w, bias)
 
@@ -275,17 +275,34 @@ def test_elementwise_and_gemv_graph_replay():
         _check_linear(f"replay {replay}: down (M=4, split_k=4)", hidden, act, w_down)
 
 
-def test_pdl_gemv_chain_in_graph():
-    """Dependent GEMVs launched with PDL read their inputs only after the grid dependency.
+def test_linear_silu_and_float_logits_match_unfused():
+    """The gate/up GEMV's SiLU-mul epilogue and the float32 logits are bit-identical to the
+    unfused launches at the Llama-3-8B shapes (same accumulation, same rounding points)."""
+    gen = torch.Generator(device=DEV).manual_seed(8)
+    w = (torch.randn(2 * INTER, HIDDEN, generator=gen, device=DEV) / math.sqrt(HIDDEN)).bfloat16()
+    head = (torch.randn(VOCAB, HIDDEN, generator=gen, device=DEV) / math.sqrt(HIDDEN)).bfloat16()
+    for m in (1, 2, 8):
+        x = torch.randn(m, HIDDEN, generator=gen, device=DEV).bfloat16()
+        assert torch.equal(linear_silu(x, w), silu_mul(linear_small_m(x, w))), f"linear_silu M={m}"
+        assert torch.equal(linear_float(x, head), linear_small_m(x, head).float()), f"linear_float M={m}"
+    x = torch.randn(16, HIDDEN, generator=gen, device=DEV).bfloat16()  # cuBLAS path
+    assert torch.equal(linear_silu(x, w), silu_mul(F.linear(x, w)))
+
+
+@pytest.mark.parametrize("pdl", ["on", "off"])
+def test_gemv_chain_in_graph(pdl, monkeypatch):
+    """Dependent GEMVs, with and without programmatic dependent launch, in one graph.
 
     Each layer reads the previous layer's output, with a torch op in between, so a
-    missing wait would read stale or half-written activations on some replay.
+    kernel reading x before its grid dependency would see stale or half-written
+    activations on some replay.
     """
+    monkeypatch.setattr(_common, "pdl_mode", pdl)
     gen = torch.Generator(device=DEV).manual_seed(7)
     ws = [(torch.randn(4096, 4096, generator=gen, device=DEV) / 64).bfloat16() for _ in range(6)]
     x = torch.empty(2, 4096, device=DEV, dtype=torch.bfloat16)
-    configs = [GemvConfig(mode="swap", block_n=32, block_k=256, num_stages=5, pdl=True),
-               GemvConfig(mode="dot", block_n=64, block_k=128, num_stages=4, pdl=True)]
+    configs = [GemvConfig(mode="swap", block_n=32, block_k=256, num_stages=5),
+               GemvConfig(mode="dot", block_n=64, block_k=128, num_stages=4)]
 
     def chain():
         h = x
@@ -307,5 +324,5 @@ def test_pdl_gemv_chain_in_graph():
             if i == 2:
                 want = want.bfloat16().float() * 0.5
         err = float((out.float() - want).norm() / want.norm())
-        assert err <= 2e-2, f"PDL GEMV chain replay {replay}: relative L2 error {err:.2e} (allowed 2e-2)"
+        assert err <= 2e-2, f"GEMV chain (PDL {pdl}) replay {replay}: relative L2 error {err:.2e} (allowed 2e-2)"
 

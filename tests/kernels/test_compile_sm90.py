@@ -58,8 +58,14 @@ def _signature(fn: JITFunction, args: tuple, kwargs: dict) -> tuple[dict, dict, 
     return signature, constexprs, options
 
 
-@pytest.fixture
-def launches(monkeypatch):
+@pytest.fixture(params=[("off", 0), ("on", 1), ("on", 2)], ids=["plain", "pdl1", "pdl2"])
+def launches(monkeypatch, request):
+    """The intercepted launches, each test run without and with programmatic dependent launch."""
+    from flare.model.kernels import _common
+
+    mode, level = request.param
+    monkeypatch.setattr(_common, "pdl_mode", mode)
+    monkeypatch.setattr(_common, "PDL_AUTO_LEVEL", level or _common.PDL_AUTO_LEVEL)
     seen: list[tuple[JITFunction, tuple, dict]] = []
 
     def intercept(self, *args, grid, warmup, **kwargs):
@@ -118,8 +124,13 @@ def test_elementwise_kernels_compile_for_sm90(launches):
 
 def test_gemv_kernels_compile_for_sm90(launches):
     w = _bf16(4096, 4096)
+    gate_up = torch.empty(2 * 14336, 4096, dtype=torch.bfloat16)  # only launched, never run
     for rows in (1, 2, 8):
         kernels.linear_small_m(_bf16(rows, 4096), w)
+        kernels.linear_silu_small_m(_bf16(rows, 4096), gate_up)
+    kernels.linear_small_m(_bf16(1, 4096), w, out_dtype=torch.float32)
+    kernels.linear_small_m(_bf16(1, 4096), w, config=GemvConfig(block_n=4, block_k=1024, num_warps=2, mode="fma",
+                                                                 preload_tiles=2))
     kernels.linear_small_m(_bf16(4, 1024), _bf16(256, 1024), config=GemvConfig(split_k=4))  # + the split sum
     kernels.linear_small_m(_bf16(2, 4096), w, _bf16(4096), config=GemvConfig(mode="dot"))
     names = _compile_all(launches)

@@ -6,8 +6,13 @@
 - :mod:`.elementwise`: fused RMSNorm, add + RMSNorm and SiLU-mul, matching
   :mod:`flare.model.layers`, and ``qkv_rope_write`` (q/k norm, rotate-half RoPE and the
   KV scatter of a layer in one launch), matching :func:`flare.model.decoder.qkv_rope_write`.
-- :mod:`.gemv`: small-batch (M <= 8) linear layers that stream the weights, with a
-  selector that falls back to ``torch.nn.functional.linear``.
+- :mod:`.gemv`: small-batch (M <= 8) linear layers that stream the weights (the
+  gate/up one with the SiLU-mul as its epilogue, the logits stored as float32), with
+  selectors that fall back to ``torch.nn.functional.linear``.
+
+Every kernel takes a ``PDL`` constexpr: on Hopper it is launched with programmatic
+dependent launch and waits on the previous kernel before reading anything it may
+have written (:func:`._common.wait_for_inputs`).
 
 Every wrapper is graph-capturable: launch shapes depend only on tensor shapes,
 dtypes and the device, never on tensor values, and no wrapper synchronises. Run
@@ -23,12 +28,16 @@ from .attention import (
     paged_decode_attention, paged_prefill_attention,
 )
 from .elementwise import add_rms_norm, qkv_rope_write, rms_norm, silu_mul
-from .gemv import MAX_ROWS, GemvConfig, default_config, linear, linear_small_m, prefers_small_m
+from .gemv import (
+    MAX_ROWS, GemvConfig, default_config, linear, linear_float, linear_silu, linear_silu_small_m, linear_small_m,
+    prefers_small_m,
+)
 
 __all__ = [
     "KernelInputError",
     "MAX_ROWS", "MAX_SPLITS",
-    "GemvConfig", "default_config", "linear", "linear_small_m", "prefers_small_m",
+    "GemvConfig", "default_config", "linear", "linear_float", "linear_silu", "linear_silu_small_m", "linear_small_m",
+    "prefers_small_m",
     "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
     "add_rms_norm", "qkv_rope_write", "rms_norm", "silu_mul",
 ]

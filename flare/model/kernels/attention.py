@@ -41,8 +41,8 @@ import triton.language as tl
 from ...config import PAGE_TOKENS
 from ..attention import AttentionBatch, fresh_sdpa_attention
 from ._common import (
-    dot_precision, next_power_of_2, require, require_float, require_inner_contiguous, require_same_device,
-    sm_count,
+    dot_precision, next_power_of_2, pdl_level, pdl_options, require, require_float, require_inner_contiguous,
+    require_same_device, sm_count, wait_for_inputs,
 )
 
 MAX_SPLITS = 16
@@ -74,8 +74,9 @@ def _paged_attention_kernel(
     s_pb, s_pq, s_tb,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     block = tl.program_id(0)
     pair = tl.program_id(1)
     split = tl.program_id(2)
@@ -155,7 +156,9 @@ def _merge_splits_kernel(
     num_queries, num_heads, num_rows,
     s_ob, s_oq, s_oh,
     NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flat (b, token, head) over [B, Q, H]
     row_ok = rows < num_rows
     head = rows % num_heads
@@ -274,6 +277,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         part_o = part_lse = out  # unused by the kernel when NUM_SPLITS == 1
     block_d = max(16, next_power_of_2(d))
     pos, table = batch.positions, batch.page_table
+    pdl = pdl_level(q)
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
         q, k_pool, v_pool, out, part_o, part_lse,
         pos, table, batch.kv_lens,
@@ -285,8 +289,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         pos.stride(0), pos.stride(1), table.stride(0),
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
         PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
-        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype),
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
+        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), PDL=pdl,
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
     )
     if num_splits > 1:
         rows = b * nq * h
@@ -294,7 +298,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         _merge_splits_kernel[(triton.cdiv(rows, block_r),)](
             part_o, part_lse, out, nq, h, rows,
             out.stride(0), out.stride(1), out.stride(2),
-            NUM_SPLITS=num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4,
+            NUM_SPLITS=num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=block_r, PDL=pdl, num_warps=4,
+            **pdl_options(pdl),
         )
     return out
 

@@ -24,7 +24,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    INTERPRETED, next_power_of_2, require, require_float, require_inner_contiguous, require_same_device,
+    INTERPRETED, next_power_of_2, pdl_level, pdl_options, require, require_float, require_inner_contiguous,
+    require_same_device, wait_for_inputs,
 )
 
 # torch's CUDA kernels call the CUDA math library's expf and rsqrtf; libdevice holds the
@@ -47,6 +48,13 @@ def _rsqrt(x):
     else:
         return tl.rsqrt(x)
 
+
+@triton.jit
+def silu(g):
+    """F.silu of float32 ``g`` as torch's CUDA kernel computes it: x / (1 + exp(-x)), divided exactly."""
+    return tl.math.div_rn(g, 1.0 + _exp(-g))
+
+
 # Elements a norm program keeps in registers: whole rows, several at a time when short.
 _NORM_TILE = 4096
 _MAX_NORM_WIDTH = 65536
@@ -59,8 +67,9 @@ def _rms_norm_kernel(
     num_rows, inner, width, inv_width, eps,
     s_xo, s_xi, s_ro, s_ri,
     HAS_RESIDUAL: tl.constexpr, HAS_VARIANCE: tl.constexpr, SQUARES_ONLY: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     # SQUARES_ONLY: the first half of a prefill norm (see _norm): the residual sum, if
     # any, and the fp32 squares into var_ptr ([rows, width]); nothing is normalised.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -111,8 +120,9 @@ def _rotate_half(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
 @triton.jit
 def _silu_mul_kernel(
     gu_ptr, out_ptr, width, s_go,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < width
@@ -120,7 +130,7 @@ def _silu_mul_kernel(
     up = tl.load(gu_ptr + row * s_go + width + cols, mask=ok, other=0.0)
     g = gate.to(tl.float32)
     # F.silu rounds to the activation dtype before the product, as the reference does.
-    act = tl.math.div_rn(g, 1.0 + _exp(-g)).to(gate.dtype).to(tl.float32)
+    act = silu(g).to(gate.dtype).to(tl.float32)
     tl.store(out_ptr + row * width + cols, (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -129,8 +139,9 @@ def _qkv_rope_write_kernel(
     qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
     inner, num_heads, num_kv, half, eps,
     s_xo, s_xi, s_cos, s_sin,
-    HAS_NORM: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     # One program per (token, head) over the q heads then the k heads; a k program
     # also moves the matching v head.
     token = tl.program_id(0)
@@ -223,6 +234,7 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
     res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     block_n = next_power_of_2(width)
     block_r = max(1, min(_NORM_TILE // block_n, next_power_of_2(num_rows)))
+    pdl = pdl_level(x)
 
     def launch(src: torch.Tensor, res: torch.Tensor | None, *, variance: torch.Tensor | None = None,
                squares: torch.Tensor | None = None) -> None:
@@ -236,8 +248,8 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
             num_rows, x3.shape[1], width, 1.0 / width, float(eps),
             x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
             HAS_RESIDUAL=res is not None, HAS_VARIANCE=variance is not None,
-            SQUARES_ONLY=squares is not None, BLOCK_R=block_r, BLOCK_N=block_n,
-            num_warps=8 if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
+            SQUARES_ONLY=squares is not None, BLOCK_R=block_r, BLOCK_N=block_n, PDL=pdl,
+            num_warps=8 if block_n * block_r >= 4096 else 4, enable_fp_fusion=False, **pdl_options(pdl),
         )
 
     if not is_prefill_chunk(x):
@@ -289,8 +301,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = _lead_view(gate_up, 1).flatten(0, 1)
     out = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
     block = min(_SILU_BLOCK, next_power_of_2(width))
+    pdl = pdl_level(gate_up)
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(width, block))](
-        rows, out, width, rows.stride(0), BLOCK=block, num_warps=4, enable_fp_fusion=False,
+        rows, out, width, rows.stride(0), BLOCK=block, PDL=pdl, num_warps=4, enable_fp_fusion=False,
+        **pdl_options(pdl),
     )
     return out
 
@@ -337,15 +351,16 @@ def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | Non
     x3 = _lead_view(qkv, 1)
     q = torch.empty((b, nq, num_heads, d), dtype=qkv.dtype, device=qkv.device)
     norm = q_norm if q_norm is not None else q
+    pdl = pdl_level(qkv)
     _qkv_rope_write_kernel[(b * nq, num_heads + hkv)](
         x3, norm, k_norm if k_norm is not None else q, cos_table, sin_table,
         positions.reshape(-1), write_index.reshape(-1), q, k_pool, v_pool,
         x3.shape[1], num_heads, hkv, d // 2, float(eps),
         x3.stride(0), x3.stride(1), cos_table.stride(0), sin_table.stride(0),
-        HAS_NORM=q_norm is not None, BLOCK_HALF=next_power_of_2(d // 2), num_warps=1,
-        enable_fp_fusion=False,
+        HAS_NORM=q_norm is not None, BLOCK_HALF=next_power_of_2(d // 2), PDL=pdl, num_warps=1,
+        enable_fp_fusion=False, **pdl_options(pdl),
     )
     return q
 
 
-__all__ = ["rms_norm", "add_rms_norm", "silu_mul", "qkv_rope_write"]
+__all__ = ["rms_norm", "add_rms_norm", "silu", "silu_mul", "qkv_rope_write"]

@@ -32,11 +32,15 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._common import require, require_inner_contiguous, require_same_device, sm_count
+from ._common import (
+    pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count, start_next_kernel_early,
+    wait_for_inputs,
+)
+from .elementwise import silu, silu_mul
 
 MAX_ROWS = 8
+PRELOAD_TILES = 1  # GemvConfig.preload_tiles of the batch-1 default
 _MODES = {"fma": 0, "dot": 1, "swap": 2}
 
 
@@ -53,17 +57,33 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 4
     mode: str = "dot"
-    # Programmatic dependent launch (Hopper): the kernel may start while the previous
-    # one finishes, prefetching its first weight tiles into L2 (weights never depend
-    # on earlier kernels) and waiting on the grid dependency only before it reads x.
-    pdl: bool = False
+    # Under PDL: weight tiles (1 or 2) loaded into registers before the grid-dependency wait.
+    preload_tiles: int = 1
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Ask for the 128-byte lines at ``ptrs`` to be pulled into L2 (no registers, no wait)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], dtype=tl.int32,
-                                     is_pure=False, pack=1)
+def _load_tile(w_rows, x_rows, ks, k_stop, n_ok, m_ok, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """The weight tile [BLOCK_N, BLOCK_K] and the x tile [BLOCK_M, BLOCK_K] at columns ``ks``."""
+    if EVEN_N and EVEN_K:
+        w = tl.load(w_rows + ks[None, :])
+    else:
+        w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
+    if EVEN_K:
+        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
+    else:
+        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
+    return w, x
+
+
+@triton.jit
+def _accumulate(acc, w, x, MODE: tl.constexpr):
+    if MODE == 0:
+        acc += w.to(tl.float32) * x.to(tl.float32)
+    elif MODE == 1:
+        acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc = tl.dot(w, tl.trans(x), acc)
+    return acc
 
 
 @triton.jit
@@ -72,54 +92,57 @@ def _linear_small_m_kernel(
     M, N, K, s_xm, s_wn, s_om,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
+    start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
-    n_ok = offs_n < N
+    if GLU:
+        # N outputs silu(gate) * up from a [2N, K] weight: the program's weight rows
+        # alternate gate row j and up row N + j, so it holds both factors of BLOCK_N // 2
+        # outputs.
+        cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        n_ok = cols < N
+        w_index = cols + (tl.arange(0, BLOCK_N) % 2) * N
+    else:
+        w_index = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = w_index < N
     # This split's K range, in whole BLOCK_K tiles.
     k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_start = split * k_span
     k_stop = tl.minimum(k_start + k_span, K)
 
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn  # [BLOCK_N, 1]
+    w_rows = w_ptr + w_index.to(tl.int64)[:, None] * s_wn  # [BLOCK_N, 1]
     x_rows = x_ptr + offs_m[:, None] * s_xm  # [BLOCK_M, 1]
-    if PDL:
-        gdc_launch_dependents()
-        # One address per 128-byte line of this program's first PREFETCH_K columns,
-        # clamped into the matrix (a prefetch past the end must not be issued).
-        line_k = tl.minimum(k_start + tl.arange(0, PREFETCH_K // 64) * 64, K - 1)
-        line_n = tl.minimum(offs_n, N - 1).to(tl.int64)
-        _prefetch_l2(w_ptr + line_n[:, None] * s_wn + line_k[None, :])
-        # NOTE: everything below reads x or writes out/part, which earlier kernels
-        # in the stream may still be writing or reading.
-        gdc_wait()
     if MODE == 0:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     elif MODE == 1:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k in range(k_start, k_stop, BLOCK_K):
-        ks = k + offs_k
-        if EVEN_N and EVEN_K:
-            w = tl.load(w_rows + ks[None, :])  # [BLOCK_N, BLOCK_K]
-        else:
-            w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
-        if EVEN_K:
-            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
-        else:
-            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
-        if MODE == 0:
-            acc += w.to(tl.float32) * x.to(tl.float32)
-        elif MODE == 1:
-            acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            acc = tl.dot(w, tl.trans(x), acc)
+    first = k_start
+    if PDL:
+        # Weights are never written during a step: the first weight tiles stream in
+        # while the previous kernel finishes, x (its output) is read after the wait.
+        ks = k_start + offs_k
+        w_first, _ = _load_tile(w_rows, x_rows, ks, k_stop, n_ok, m_ok, EVEN_N, EVEN_K)
+        if PRELOAD == 2:  # masked: the range may hold one tile
+            w_second, _ = _load_tile(w_rows, x_rows, ks + BLOCK_K, k_stop, n_ok, m_ok, EVEN_N, False)
+        wait_for_inputs(PDL)
+        _, x_first = _load_tile(w_rows, x_rows, ks, k_stop, n_ok, m_ok, EVEN_N, EVEN_K)
+        acc = _accumulate(acc, w_first, x_first, MODE)
+        first = k_start + BLOCK_K
+        if PRELOAD == 2:
+            _, x_second = _load_tile(w_rows, x_rows, ks + BLOCK_K, k_stop, n_ok, m_ok, EVEN_N, False)
+            acc = _accumulate(acc, w_second, x_second, MODE)
+            first += BLOCK_K
+    for k in range(first, k_stop, BLOCK_K):
+        w, x = _load_tile(w_rows, x_rows, k + offs_k, k_stop, n_ok, m_ok, EVEN_N, EVEN_K)
+        acc = _accumulate(acc, w, x, MODE)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     elif MODE == 1:
@@ -127,20 +150,32 @@ def _linear_small_m_kernel(
     else:
         result = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
 
-    mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            result += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * s_om + offs_n[None, :], result.to(out_ptr.dtype.element_ty), mask=mask)
+    if SPLIT_K > 1:
+        tl.store(part_ptr + (split * M + offs_m[:, None]) * N + w_index[None, :], result,
+                 mask=m_ok[:, None] & n_ok[None, :])
+    elif GLU:
+        # layers.silu_mul over the rounded projections (silu rounds before the product).
+        rounded = result.to(x_ptr.dtype.element_ty).to(tl.float32)
+        gate, up = tl.split(tl.reshape(rounded, [BLOCK_M, BLOCK_N // 2, 2]))
+        act = silu(gate).to(x_ptr.dtype.element_ty).to(tl.float32)
+        out_cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + offs_m[:, None] * s_om + out_cols[None, :], (act * up).to(out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & (out_cols < N)[None, :])
     else:
-        tl.store(part_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], result, mask=mask)
+        if HAS_BIAS:
+            result += tl.load(bias_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        # Rounded to x's dtype even into a wider output: float32 logits of a bf16 model
+        # hold what F.linear(...).float() holds.
+        value = result.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offs_m[:, None] * s_om + w_index[None, :], value, mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def _sum_splits_kernel(
     part_ptr, bias_ptr, out_ptr, M, N, s_om,
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat over [M, N]
     ok = offs < M * N
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -167,7 +202,8 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
     """
     sms = sm_count(device)
     if m == 1:
-        cfg = GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3, mode="fma")
+        cfg = GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3, mode="fma",
+                         preload_tiles=PRELOAD_TILES)
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
     elif n <= 4096:
@@ -198,13 +234,27 @@ def _check(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
 
 
 def linear_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   config: GemvConfig | None = None) -> torch.Tensor:
+                   config: GemvConfig | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for at most MAX_ROWS rows: x ``[..., K]``, w ``[N, K]`` -> ``[..., N]``.
 
-    fp32 accumulation, output in x's dtype. ``config`` overrides
-    :func:`default_config` (the benchmark sweeps it).
+    fp32 accumulation, rounded to x's dtype; stored as ``out_dtype`` (default x's
+    dtype: float32 logits hold exactly what ``F.linear(x, w).float()`` would).
+    ``config`` overrides :func:`default_config` (the benchmark sweeps it).
     """
-    kernel = "linear_small_m"
+    return _launch_small_m("linear_small_m", x, w, bias, config=config, out_dtype=out_dtype, glu=False)
+
+
+def linear_silu_small_m(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of ``x @ w.T`` with w the fused ``[2I, K]`` gate/up weight -> ``[..., I]``.
+
+    One launch: the SiLU-mul is the GEMV's epilogue, rounded as
+    ``layers.silu_mul(F.linear(x, w))`` rounds. Needs an unsplit K (``config.split_k == 1``).
+    """
+    return _launch_small_m("linear_silu_small_m", x, w, None, config=config, out_dtype=None, glu=True)
+
+
+def _launch_small_m(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, *,
+                    config: GemvConfig | None, out_dtype: torch.dtype | None, glu: bool) -> torch.Tensor:
     _check(kernel, x, w, bias)
     n, k = w.shape
     rows = x.reshape(-1, k)
@@ -213,27 +263,33 @@ def linear_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     cfg = config or default_config(m, n, k, x.device)
     require(cfg.mode in _MODES, kernel, f"unknown mode {cfg.mode!r}")
     require(cfg.mode != "fma" or m == 1, kernel, f"mode 'fma' takes one row, got {m}")
-    require(not cfg.pdl or x.is_cuda, kernel, "pdl (programmatic dependent launch) needs CUDA tensors")
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
             f"block_k must be >= 32 and block_n >= 16 for tensor-core modes, got {cfg}")
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    require(cfg.preload_tiles in (1, 2), kernel, f"preload_tiles must be 1 or 2, got {cfg.preload_tiles}")
+    require(out_dtype is None or out_dtype in (x.dtype, torch.float32), kernel,
+            f"out_dtype must be x's dtype or float32, got {out_dtype}")
+    if glu:
+        require(n % 2 == 0 and cfg.split_k == 1 and cfg.block_n % 2 == 0, kernel,
+                f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
+        n //= 2
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if cfg.split_k > 1 else out
     bias_arg = bias if bias is not None else out
     block_m = 1 if cfg.mode == "fma" else 16
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    _linear_small_m_kernel[grid](
+    outputs_per_program = cfg.block_n // 2 if glu else cfg.block_n
+    pdl = pdl_level(x)
+    _linear_small_m_kernel[(triton.cdiv(n, outputs_per_program), cfg.split_k)](
         rows, w, bias_arg, out, part, m, n, k, rows.stride(0), w.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVEN_N=n % cfg.block_n == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
-        PDL=cfg.pdl, PREFETCH_K=max(64, 2 * cfg.block_k),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if cfg.pdl else {}),
+        EVEN_N=n % outputs_per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, GLU=glu, PDL=pdl,
+        PRELOAD=cfg.preload_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(pdl),
     )
     if cfg.split_k > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](
             part, bias_arg, out, m, n, out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4,
+            HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK=block, PDL=pdl, num_warps=4, **pdl_options(pdl),
         )
     return out.view(*x.shape[:-1], n)
 
@@ -248,17 +304,39 @@ def prefers_small_m(m: int, n: int, k: int, dtype: torch.dtype, device: torch.de
     return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and 1 <= m <= MAX_ROWS and k % 8 == 0
 
 
+def _routes_small_m(x: torch.Tensor, w: torch.Tensor) -> bool:
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return w.dim() == 2 and w.stride(1) == 1 and x.shape[-1] == w.shape[1] and x.dtype == w.dtype \
+        and prefers_small_m(m, w.shape[0], w.shape[1], x.dtype, x.device)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` with small-batch products routed to :func:`linear_small_m`.
 
     The decision reads only shapes, dtypes and the device, so it is fixed per
     captured graph.
     """
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if w.dim() == 2 and w.stride(1) == 1 and x.shape[-1] == w.shape[1] and x.dtype == w.dtype \
-            and prefers_small_m(m, w.shape[0], w.shape[1], x.dtype, x.device):
+    if _routes_small_m(x, w):
         return linear_small_m(x, w, bias)
     return F.linear(x, w, bias)
 
 
-__all__ = ["GemvConfig", "MAX_ROWS", "default_config", "linear", "linear_small_m", "prefers_small_m"]
+def linear_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, w).float()`` (the logits), one launch on the small-batch path."""
+    if _routes_small_m(x, w):
+        return linear_small_m(x, w, out_dtype=torch.float32)
+    return F.linear(x, w).float()
+
+
+def linear_silu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``silu_mul(F.linear(x, w))`` over the fused gate/up weight, fused on the small-batch path."""
+    if _routes_small_m(x, w):
+        m = x.numel() // x.shape[-1]
+        if default_config(m, *w.shape, x.device).split_k == 1:
+            return linear_silu_small_m(x, w)
+        return silu_mul(linear_small_m(x, w))
+    return silu_mul(F.linear(x, w))
+
+
+__all__ = ["GemvConfig", "MAX_ROWS", "default_config", "linear", "linear_float", "linear_silu", "linear_silu_small_m",
+           "linear_small_m", "prefers_small_m"]

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..contract import SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
-from ._common import next_power_of_2, require, require_same_device
+from ._common import next_power_of_2, pdl_level, pdl_options, require, require_same_device, wait_for_inputs
 
 _BLOCK = 2048
 
@@ -27,8 +27,9 @@ _BLOCK = 2048
 def _penalized_block_max_kernel(
     logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, part_val_ptr, part_idx_ptr,
     vocab, num_blocks, s_logits, s_sampling, s_counts,
-    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, BLOCK: tl.constexpr,
+    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     block = tl.program_id(1)
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -56,8 +57,9 @@ def _penalized_block_max_kernel(
 @triton.jit
 def _pick_kernel(
     part_val_ptr, part_idx_ptr, do_sample_ptr, slot_token_ptr, slots_ptr, out_ptr, num_blocks,
-    BLOCKS: tl.constexpr,
+    BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCKS)
     ok = offs < num_blocks
@@ -87,17 +89,18 @@ def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
     require_same_device(kernel, logits=logits, sampling=sampling, output_counts=output_counts,
                         prompt_counts=prompt_counts, slots=slots, do_sample=do_sample, slot_token=slot_token)
     num_blocks = triton.cdiv(vocab, _BLOCK)
+    pdl = pdl_level(logits)
     part_val = torch.empty((b, num_blocks), dtype=torch.float32, device=logits.device)
     part_idx = torch.empty((b, num_blocks), dtype=torch.int32, device=logits.device)
     _penalized_block_max_kernel[(b, num_blocks)](
         logits, sampling, output_counts, prompt_counts, slots, part_val, part_idx,
         vocab, num_blocks, logits.stride(0), sampling.stride(0), output_counts.stride(0),
-        REP=SAMPLING_REPETITION, PRESENCE=SAMPLING_PRESENCE, FREQUENCY=SAMPLING_FREQUENCY, BLOCK=_BLOCK,
-        num_warps=4, enable_fp_fusion=False,
+        REP=SAMPLING_REPETITION, PRESENCE=SAMPLING_PRESENCE, FREQUENCY=SAMPLING_FREQUENCY, BLOCK=_BLOCK, PDL=pdl,
+        num_warps=4, enable_fp_fusion=False, **pdl_options(pdl),
     )
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     _pick_kernel[(b,)](part_val, part_idx, do_sample, slot_token, slots, out, num_blocks,
-                       BLOCKS=next_power_of_2(num_blocks), num_warps=1)
+                       BLOCKS=next_power_of_2(num_blocks), PDL=pdl, num_warps=1, **pdl_options(pdl))
     return out
 
 

@@ -95,7 +95,37 @@ def test_bad_inputs_raise_typed_errors():
         linear_small_m(torch.randn(2, 16).bfloat16(), w)
     with pytest.raises(KernelInputError, match="mode 'fma' takes one row"):
         linear_small_m(torch.randn(2, 16), w, config=GemvConfig(mode="fma"))
-    with pytest.raises(KernelInputError, match="pdl .* needs CUDA"):
-        linear_small_m(torch.randn(2, 16), w, config=GemvConfig(pdl=True))
+    with pytest.raises(KernelInputError, match="out_dtype must be"):
+        linear_small_m(torch.randn(2, 16), w, out_dtype=torch.float16)
     with pytest.raises(KernelInputError, match="bias must be"):
         linear_small_m(torch.randn(2, 16), w, torch.randn(9))
+
+
+@pytest.mark.parametrize("config", [GemvConfig(block_n=4, block_k=128, num_warps=2, num_stages=3, mode="fma"),
+                                    GemvConfig(block_n=32, block_k=64, mode="swap")], ids=["fma", "swap"])
+def test_linear_silu_epilogue_matches_unfused(config):
+    """The gate/up GEMV with the SiLU-mul epilogue rounds as layers.silu_mul(linear(x, w)) does."""
+    from flare.model import layers
+    from flare.model.kernels import linear_silu_small_m
+
+    gen = torch.Generator().manual_seed(21)
+    m = 1 if config.mode == "fma" else 3
+    inter = 50  # off the tile grid: the last program holds padding outputs
+    x = torch.randn(m, 256, generator=gen).bfloat16()
+    w = (torch.randn(2 * inter, 256, generator=gen) / 8).bfloat16()
+    got = linear_silu_small_m(x, w, config=config)
+    want = layers.silu_mul(linear_small_m(x, w, config=config))
+    assert got.shape == (m, inter) and got.dtype == torch.bfloat16
+    assert torch.equal(got, want), f"{config}: {(got.float() - want.float()).abs().max()}"
+    with pytest.raises(KernelInputError, match="no K split"):
+        linear_silu_small_m(x, w, config=GemvConfig(block_n=32, block_k=64, split_k=2, mode="swap"))
+
+
+def test_float32_output_holds_the_rounded_product():
+    gen = torch.Generator().manual_seed(22)
+    x = torch.randn(1, 256, generator=gen).bfloat16()
+    w = torch.randn(100, 256, generator=gen).bfloat16()
+    cfg = GemvConfig(block_n=4, block_k=128, num_warps=2, num_stages=3, mode="fma")
+    got = linear_small_m(x, w, config=cfg, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, linear_small_m(x, w, config=cfg).float())

@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""One decode step of a random-weight model shape, CUDA-graph timed, in kernel-level variants.
+
+The step is what a greedy decode graph runs for its model: ``Decoder.forward`` over
+the paged KV cache, the float32 logits and the two-launch greedy token choice, with
+the serving kernels (``cuda_ops``). The slot bookkeeping around it (gathers of slot
+state, records) is left out: this tool is for A/B checks of kernel changes in one
+call, and tools/bench_gpu.py measures the real step. Each variant is captured in its
+own graph and replayed back to back; the figure is the median of several timed runs
+of many replays (CUDA events), against the HBM floor for the bytes the step reads
+(every weight but the embedding table, plus the cached K/V) at the measured copy
+ceiling. ``--profile`` lists the kernels of one replay of the first variant by
+summed device time.
+
+    python tools/bench_step.py [--shape llama3-8b] [--batch 1] [--cached 192]
+                               [--variants pdl,no_pdl,pdl2] (see VARIANTS) [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_gpu import COPY_CEILING_BPS, SHAPES  # noqa: E402
+
+from flare.model import kernels  # noqa: E402
+from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache  # noqa: E402
+from flare.model.decoder import Decoder, cuda_ops  # noqa: E402
+from flare.model.kernels import _common, attention, gemv  # noqa: E402
+from flare.model.kernels.sampling import greedy_tokens  # noqa: E402
+from flare.model.spec import ModelSpec  # noqa: E402
+
+DEV = torch.device("cuda")
+
+
+def make_spec(shape: str) -> ModelSpec:
+    c = SHAPES[shape]
+    return ModelSpec(family="llama", architecture="LlamaForCausalLM", vocab_size=c["vocab_size"],
+                     hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+                     num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+                     num_kv_heads=c["num_key_value_heads"], head_dim=c["hidden_size"] // c["num_attention_heads"],
+                     rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"],
+                     max_position_embeddings=c["max_position_embeddings"],
+                     tie_word_embeddings=c["tie_word_embeddings"], qkv_bias=False, qk_norm=False)
+
+
+def random_weights(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device=DEV).manual_seed(0)
+
+    def rnd(*shape, scale=0.02):
+        return (scale * torch.randn(*shape, generator=gen, device=DEV)).bfloat16()
+
+    h, width = spec.hidden_size, spec.q_size + 2 * spec.kv_size
+    w = {"embed": rnd(spec.vocab_size, h, scale=1.0), "norm": 1 + rnd(h), "lm_head": rnd(spec.vocab_size, h)}
+    for i in range(spec.num_layers):
+        p = f"layers.{i}."
+        w |= {p + "attn_norm": 1 + rnd(h), p + "qkv": rnd(width, h), p + "o": rnd(h, spec.q_size),
+              p + "mlp_norm": 1 + rnd(h), p + "gate_up": rnd(2 * spec.intermediate_size, h),
+              p + "down": rnd(h, spec.intermediate_size)}
+    return w
+
+
+class Step:
+    """Inputs and persistent state of one decode step at batch ``b`` with ``cached`` keys per row."""
+
+    def __init__(self, decoder: Decoder, b: int, cached: int, max_pages: int):
+        spec = decoder.spec
+        self.decoder, self.b = decoder, b
+        self.kv = KVCache.allocate(spec.num_layers, b * max_pages + 1, spec.num_kv_heads, spec.head_dim,
+                                   torch.bfloat16, DEV)
+        for pool in self.kv.k + self.kv.v:
+            pool.normal_()
+        table = 1 + torch.arange(b * max_pages, device=DEV).view(b, max_pages)
+        positions = torch.full((b, 1), cached - 1, device=DEV)
+        self.batch = AttentionBatch(positions=positions,
+                                    write_index=table.gather(1, positions // PAGE_TOKENS) * PAGE_TOKENS
+                                    + positions % PAGE_TOKENS,
+                                    page_table=table, kv_lens=torch.full((b,), cached, device=DEV))
+        self.tokens = torch.randint(1000, 100000, (b, 1), device=DEV)
+        slots = b + 1
+        self.sampling = torch.ones(slots, 8, device=DEV)
+        self.sampling[:, 1:] = 0.0  # repetition 1, no presence or frequency penalty
+        self.counts = torch.zeros(slots, spec.vocab_size, dtype=torch.int32, device=DEV)
+        self.prompt_counts = torch.zeros_like(self.counts)
+        self.slots = torch.arange(b, device=DEV)
+        self.do_sample = torch.ones(b, dtype=torch.bool, device=DEV)
+        self.slot_token = torch.zeros(slots, dtype=torch.int64, device=DEV)
+        self.bytes = (sum(t.numel() * t.element_size() for name, t in decoder.w.items() if name != "embed")
+                      + 2 * spec.num_layers * b * cached * spec.num_kv_heads * spec.head_dim * 2)
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (float32 logits, greedy tokens)."""
+        hidden = self.decoder.forward(self.tokens, self.batch, self.kv, torch.zeros(self.b, dtype=torch.int64,
+                                                                                     device=DEV))
+        logits = self.decoder.logits(hidden)
+        return logits, greedy_tokens(logits, self.sampling, self.counts, self.prompt_counts, self.slots,
+                                     self.do_sample, self.slot_token)
+
+
+def capture(step: Step) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph, stream=stream):
+        outputs = step()
+    torch.cuda.synchronize()
+    return graph, outputs
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, replays: int = 50, runs: int = 7) -> float:
+    """Median ms per replay over ``runs`` back-to-back runs of ``replays`` replays."""
+    graph.replay()
+    torch.cuda.synchronize()
+    per_run = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        per_run.append(start.elapsed_time(end) / replays)
+    return statistics.median(per_run)
+
+
+def profile(graph: torch.cuda.CUDAGraph, out: Path | None, replays: int = 5) -> list[tuple[str, float, float, int]]:
+    """Kernels of ``replays`` replays by name: (name, exposed us, device us, launches), per replay.
+
+    Kernels may overlap under PDL, so each one's own duration (device us) overstates
+    its cost; its exposed time is how far it moved the latest end seen so far, in start
+    order: what the step would lose without it, and the exposed times add up to the step.
+    Batch-1 GEMVs are told apart by their place in the layer (qkv, o, gate_up, down).
+    """
+    from torch.profiler import DeviceType, ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    gemvs = [e for e in events if e.name == "_linear_small_m_kernel"]
+    per_step = len(gemvs) // replays
+    roles = {id(e): ("lm_head" if i % per_step == per_step - 1 else ("qkv", "o", "gate_up", "down")[i % per_step % 4])
+             for i, e in enumerate(gemvs)}
+    sums: dict[str, list[float]] = {}
+    latest = None
+    for e in events:
+        name = f"gemv {roles[id(e)]}" if id(e) in roles else e.name
+        exposed = e.time_range.end - latest if latest is not None else e.time_range.elapsed_us()
+        latest = e.time_range.end if latest is None else max(latest, e.time_range.end)
+        row = sums.setdefault(name, [0.0, 0.0, 0])
+        row[0] += max(0.0, exposed)
+        row[1] += e.time_range.elapsed_us()
+        row[2] += 1
+    rows = sorted(((name, exp / replays, dur / replays, n // replays) for name, (exp, dur, n) in sums.items()),
+                  key=lambda r: -r[1])
+    if out is not None:
+        (out / "bench_step_profile.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+VARIANTS = {
+    # name: (pdl mode, PDL level, batch-1 GEMV preload tiles, fused SiLU, max decode context splits)
+    "pdl": ("on", 1, 1, True, 16),
+    "no_pdl": ("off", 1, 1, True, 16),
+    "unfused_silu": ("on", 2, 1, False, 16),
+    "pdl2": ("on", 2, 1, True, 16),
+    "pdl2_preload2": ("on", 2, 2, True, 16),
+    "pdl2_splits4": ("on", 2, 1, True, 4),
+}
+
+
+def apply_variant(name: str, decoder: Decoder) -> None:
+    """Set the kernel switches and the decoder ops of a named variant (before capture)."""
+    if name not in VARIANTS:
+        raise SystemExit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+    mode, level, preload, fused, splits = VARIANTS[name]
+    _common.pdl_mode, _common.PDL_AUTO_LEVEL, gemv.PRELOAD_TILES = mode, level, preload
+    attention.MAX_SPLITS = splits
+    ops = cuda_ops()
+    decoder.ops = ops if fused else replace(ops, linear_silu=lambda x, w: kernels.silu_mul(kernels.linear(x, w)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--cached", type=int, default=192, help="keys per row (bench_gpu's batch-1 run averages ~192)")
+    parser.add_argument("--context", type=int, default=4096, help="page-table width in tokens, as the core's")
+    parser.add_argument("--variants", default="pdl,no_pdl")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    args = parser.parse_args()
+    spec = make_spec(args.shape)
+    decoder = Decoder(spec, random_weights(spec), max_positions=args.context)
+    step = Step(decoder, args.batch, args.cached, args.context // PAGE_TOKENS)
+    floor_ms = step.bytes / COPY_CEILING_BPS * 1e3
+    print(f"{args.shape} batch {args.batch}, {args.cached} cached keys: {step.bytes / 1e9:.2f} GB per step, "
+          f"floor {floor_ms:.3f} ms at {COPY_CEILING_BPS / 1e12:.2f} TB/s", flush=True)
+    results, logits, graphs, mismatches = {}, {}, {}, []
+    for name in args.variants.split(","):
+        apply_variant(name, decoder)
+        graph, (out_logits, _) = capture(step)
+        graphs[name] = graph, out_logits
+        graph.replay()
+        torch.cuda.synchronize()
+        logits[name] = out_logits.clone()
+        results[name] = time_graph(graph)
+        print(f"{name:>24}: {results[name]:.3f} ms/step ({results[name] / floor_ms:.3f}x floor)", flush=True)
+    # Timing again in reverse order: the spread says what difference is noise. Every
+    # variant computes the same function in the same order, and a replay rewrites the
+    # same K/V, so the logits must stay bit-identical across variants and replays (a
+    # kernel reading its input before the previous kernel wrote it would show here).
+    first = next(iter(logits))
+    for name in reversed(list(graphs)):
+        graph, out_logits = graphs[name]
+        again = time_graph(graph)
+        print(f"{name:>24}: {again:.3f} ms/step again", flush=True)
+        results[name] = min(results[name], again)
+        for label, got in (("first replay", logits[name]), ("after timing", out_logits)):
+            if not torch.equal(got, logits[first]):
+                diff = float((got - logits[first]).abs().max())
+                mismatches.append(f"{name} {label}: logits differ from {first} (max abs {diff:.3g})")
+    print("logits bit-identical across variants and replays" if not mismatches else "\n".join(mismatches))
+    if args.profile:
+        rows = profile(graphs[first][0], args.out)
+        print(f"\nkernels of one '{first}' replay: {sum(r[3] for r in rows)} launches, "
+              f"{sum(r[1] for r in rows) / 1e3:.3f} ms exposed (between replays excluded), "
+              f"{sum(r[2] for r in rows) / 1e3:.3f} ms of summed kernel durations")
+        print(f"{'exposed us':>11} {'device us':>10} {'launches':>8}  kernel")
+        for kname, exposed, us, count in rows[:22]:
+            print(f"{exposed:11.1f} {us:10.1f} {count:8d}  {kname[:90]}")
+    summary = {"shape": args.shape, "batch": args.batch, "cached": args.cached, "floor_ms": round(floor_ms, 3)}
+    summary |= {f"{k}_ms": round(v, 3) for k, v in results.items()}
+    summary |= {f"{k}_vs_floor": round(v / floor_ms, 3) for k, v in results.items()}
+    summary["mismatches"] = mismatches
+    print(json.dumps(summary))
+    if args.out is not None:
+        (args.out / "bench_step.json").write_text(json.dumps(summary, indent=1))
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
