@@ -165,9 +165,12 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
 
     serving_ops = decoder.ops
     torch_elementwise = replace(serving_ops, rms_norm=layers.rms_norm, add_rms_norm=decoder_module._add_rms_norm,
-                                linear_silu=decoder_module.linear_silu, qkv_rope_write=decoder_module.qkv_rope_write)
+                                linear_silu=decoder_module.linear_silu,
+                                linear_qkv_rope_write=decoder_module.linear_qkv_rope_write)
     split_gemms = replace(torch_elementwise, linear=split_linear,
-                          linear_silu=lambda x, w: layers.silu_mul(split_linear(x, w)))
+                          linear_silu=lambda x, w: layers.silu_mul(split_linear(x, w)),
+                          linear_qkv_rope_write=lambda x, w, b, *rest: decoder_module.qkv_rope_write(
+                              split_linear(x, w, b), *rest))
     variants = {"": serving_ops, "_torch_elementwise": torch_elementwise,
                 "_torch_elementwise_split_gemms": split_gemms}
     argmaxes = {}

@@ -63,6 +63,15 @@ def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | Non
     return q
 
 
+def linear_qkv_rope_write(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
+                          q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
+                          cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
+                          write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    """The attention block's input side: the fused qkv projection, then :func:`qkv_rope_write`."""
+    return qkv_rope_write(F.linear(x, w, bias), num_heads, q_norm, k_norm, eps, cos_table, sin_table, positions,
+                          write_index, k_pool, v_pool)
+
+
 @dataclass(frozen=True)
 class DecoderOps:
     """The primitive operations of a forward pass; CUDA swaps in Triton kernels."""
@@ -72,7 +81,7 @@ class DecoderOps:
     linear_float: Callable = linear_float  # (x, w) -> float32 F.linear(x, w)
     rms_norm: Callable = rms_norm
     add_rms_norm: Callable = _add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
-    qkv_rope_write: Callable = qkv_rope_write  # see qkv_rope_write above
+    linear_qkv_rope_write: Callable = linear_qkv_rope_write  # see linear_qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
 
 
@@ -82,7 +91,7 @@ def cuda_ops() -> DecoderOps:
 
     return DecoderOps(linear=kernels.linear, linear_silu=kernels.linear_silu, linear_float=kernels.linear_float,
                       rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
-                      qkv_rope_write=kernels.qkv_rope_write, attention=kernels.paged_attention)
+                      linear_qkv_rope_write=kernels.linear_qkv_rope_write, attention=kernels.paged_attention)
 
 
 class Decoder:
@@ -120,9 +129,9 @@ class Decoder:
         residual = x
         y = ops.rms_norm(x, self.layers[0]["attn_norm"], eps)
         for i, lw in enumerate(self.layers):
-            qkv = ops.linear(y, lw["qkv"], lw["qkv_bias"])
-            q = ops.qkv_rope_write(qkv, h, lw["q_norm"], lw["k_norm"], eps, self.rope_cos, self.rope_sin,
-                                   batch.positions, batch.write_index, kv.k[i], kv.v[i])
+            q = ops.linear_qkv_rope_write(y, lw["qkv"], lw["qkv_bias"], h, lw["q_norm"], lw["k_norm"], eps,
+                                          self.rope_cos, self.rope_sin, batch.positions, batch.write_index,
+                                          kv.k[i], kv.v[i])
             attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
             y, residual = ops.add_rms_norm(ops.linear(attn.reshape(b, nq, h * d), lw["o"]), residual,
                                            lw["mlp_norm"], eps)

@@ -19,8 +19,9 @@ pytest.importorskip("triton")
 
 from flare.model import decoder, layers  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
-    GemvConfig, _common, add_rms_norm, choose_num_splits, linear, linear_float, linear_silu, linear_small_m,
-    paged_attention, paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm, silu_mul,
+    GemvConfig, _common, add_rms_norm, choose_num_splits, linear, linear_float, linear_qkv_rope_write, linear_silu,
+    linear_small_m, paged_attention, paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm,
+    silu_mul,
 )
 from tests.gpu.graphs import capture  # noqa: E402
 from tests.kernels.paged_cases import build_case, check_attention  # noqa: E402
@@ -287,6 +288,31 @@ def test_linear_silu_and_float_logits_match_unfused():
         assert torch.equal(linear_float(x, head), linear_small_m(x, head).float()), f"linear_float M={m}"
     x = torch.randn(16, HIDDEN, generator=gen, device=DEV).bfloat16()  # cuBLAS path
     assert torch.equal(linear_silu(x, w), silu_mul(F.linear(x, w)))
+
+
+@pytest.mark.parametrize("b", [1, 2, 8])
+def test_linear_qkv_rope_matches_unfused(b):
+    """The qkv GEMV with the RoPE / K/V scatter epilogue against linear_small_m + qkv_rope_write
+    at the Llama-3-8B shape, in a graph: within an ulp (the fused kernel accumulates without
+    multiply-add contraction), k and v written only at the write indices."""
+    gen = torch.Generator(device=DEV).manual_seed(30 + b)
+    w = (torch.randn((H + 2 * HKV) * D, HIDDEN, generator=gen, device=DEV) / math.sqrt(HIDDEN)).bfloat16()
+    x = torch.randn(b, 1, HIDDEN, generator=gen, device=DEV).bfloat16()
+    cos, sin = _rope_tables(torch.arange(8192, device=DEV), D)
+    positions = torch.randint(0, 8192, (b, 1), generator=gen, device=DEV)
+    write_index = (torch.randperm(4 * 64, generator=gen, device=DEV)[:b] + 64).view(b, 1)
+    pools = [torch.zeros(5, 64, HKV, D, device=DEV, dtype=torch.bfloat16) for _ in range(2)]
+    want_pools = [p.clone() for p in pools]
+    graph, q = capture(lambda: linear_qkv_rope_write(x, w, None, H, None, None, 1e-5, cos, sin, positions,
+                                                     write_index, *pools))
+    graph.replay()
+    torch.cuda.synchronize()
+    want_q = qkv_rope_write(linear_small_m(x, w), H, None, None, 1e-5, cos, sin, positions, write_index, *want_pools)
+    _assert_close(f"linear_qkv_rope_write B={b} q", q, want_q)
+    for name, pool, want in zip("kv", pools, want_pools):
+        written = want.abs().sum(-1) > 0
+        assert torch.equal(pool.abs().sum(-1) > 0, written), f"B={b}: {name} written at other slots"
+        _assert_close(f"linear_qkv_rope_write B={b} {name}", pool[written], want[written])
 
 
 @pytest.mark.parametrize("pdl", ["on", "off"])

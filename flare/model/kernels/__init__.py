@@ -7,8 +7,9 @@
   :mod:`flare.model.layers`, and ``qkv_rope_write`` (q/k norm, rotate-half RoPE and the
   KV scatter of a layer in one launch), matching :func:`flare.model.decoder.qkv_rope_write`.
 - :mod:`.gemv`: small-batch (M <= 8) linear layers that stream the weights (the
-  gate/up one with the SiLU-mul as its epilogue, the logits stored as float32), with
-  selectors that fall back to ``torch.nn.functional.linear``.
+  qkv one with RoPE and the K/V scatter as its epilogue, the gate/up one with the
+  SiLU-mul, the logits stored as float32), with selectors that fall back to
+  ``torch.nn.functional.linear`` and the elementwise kernels.
 
 Every kernel takes a ``PDL`` constexpr: on Hopper it is launched with programmatic
 dependent launch and waits on the previous kernel before reading anything it may
@@ -29,15 +30,15 @@ from .attention import (
 )
 from .elementwise import add_rms_norm, qkv_rope_write, rms_norm, silu_mul
 from .gemv import (
-    MAX_ROWS, GemvConfig, default_config, linear, linear_float, linear_silu, linear_silu_small_m, linear_small_m,
-    prefers_small_m,
+    MAX_ROWS, GemvConfig, default_config, fuses_qkv_rope, linear, linear_float, linear_qkv_rope_small_m,
+    linear_qkv_rope_write, linear_silu, linear_silu_small_m, linear_small_m, prefers_small_m,
 )
 
 __all__ = [
     "KernelInputError",
     "MAX_ROWS", "MAX_SPLITS",
-    "GemvConfig", "default_config", "linear", "linear_float", "linear_silu", "linear_silu_small_m", "linear_small_m",
-    "prefers_small_m",
+    "GemvConfig", "default_config", "fuses_qkv_rope", "linear", "linear_float", "linear_qkv_rope_small_m",
+    "linear_qkv_rope_write", "linear_silu", "linear_silu_small_m", "linear_small_m", "prefers_small_m",
     "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
     "add_rms_norm", "qkv_rope_write", "rms_norm", "silu_mul",
 ]

@@ -37,7 +37,7 @@ from ._common import (
     pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count, start_next_kernel_early,
     wait_for_inputs,
 )
-from .elementwise import silu, silu_mul
+from .elementwise import _rotate_half, qkv_rope_write, silu, silu_mul
 
 MAX_ROWS = 8
 PRELOAD_TILES = 1  # GemvConfig.preload_tiles of the batch-1 default
@@ -87,27 +87,82 @@ def _accumulate(acc, w, x, MODE: tl.constexpr):
 
 
 @triton.jit
+def _rope_epilogue(result, pid_n, offs_m, m_ok, q_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr, v_pool_ptr,
+                   s_cos, s_sin, num_heads, num_kv, dtype: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+    """decoder.qkv_rope_write for one program's rotation pairs (see EPILOGUE 2).
+
+    result: [BLOCK_M, BLOCK_N] fp32, lanes alternating the first and second half of
+    each pair. q rows go to q_ptr ([M, heads, 2 * HALF]), k and v rows into the pools
+    at each row's write index; q and k rotated at each row's position, rounded where
+    the reference rounds (elementwise._rotate_half).
+    """
+    rounded = result.to(dtype).to(tl.float32)
+    x1, x2 = tl.split(tl.reshape(rounded, [BLOCK_M, BLOCK_N // 2, 2]))  # [BLOCK_M, BLOCK_N // 2] each
+    first = pid_n * (BLOCK_N // 2)
+    head = first // HALF
+    j = first % HALF + tl.arange(0, BLOCK_N // 2)
+    mask = m_ok[:, None] & (j < HALF)[None, :]
+    d = 2 * HALF
+    if head < num_heads + num_kv:
+        pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0)
+        c_row = cos_ptr + pos[:, None] * s_cos + j[None, :]
+        s_row = sin_ptr + pos[:, None] * s_sin + j[None, :]
+        c1 = tl.load(c_row, mask=mask, other=0.0)
+        c2 = tl.load(c_row + HALF, mask=mask, other=0.0)
+        s1 = tl.load(s_row, mask=mask, other=0.0)
+        s2 = tl.load(s_row + HALF, mask=mask, other=0.0)
+        out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, dtype)
+        if head < num_heads:
+            q_dst = q_ptr + (offs_m.to(tl.int64)[:, None] * num_heads + head) * d + j[None, :]
+            tl.store(q_dst, out1, mask=mask)
+            tl.store(q_dst + HALF, out2, mask=mask)
+        else:
+            k_slot = tl.load(widx_ptr + offs_m, mask=m_ok, other=0)
+            k_dst = k_pool_ptr + (k_slot[:, None] * num_kv + (head - num_heads)) * d + j[None, :]
+            tl.store(k_dst, out1, mask=mask)
+            tl.store(k_dst + HALF, out2, mask=mask)
+    else:
+        v_slot = tl.load(widx_ptr + offs_m, mask=m_ok, other=0)
+        v_dst = v_pool_ptr + (v_slot[:, None] * num_kv + (head - num_heads - num_kv)) * d + j[None, :]
+        tl.store(v_dst, x1.to(dtype), mask=mask)
+        tl.store(v_dst + HALF, x2.to(dtype), mask=mask)
+
+
+@triton.jit
 def _linear_small_m_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr,
-    M, N, K, s_xm, s_wn, s_om,
+    cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr, v_pool_ptr,
+    M, N, K, s_xm, s_wn, s_om, s_cos, s_sin, num_heads, num_kv,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
     PRELOAD: tl.constexpr,
 ):
+    # EPILOGUE: 0 store x @ w.T (+ bias); 1 (GLU) silu(gate) * up; 2 (ROPE) the qkv
+    # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
+    # arguments (cos_ptr .. num_kv, HALF) are read only by EPILOGUE 2.
     start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
-    if GLU:
+    lane = tl.arange(0, BLOCK_N)
+    if EPILOGUE == 1:
         # N outputs silu(gate) * up from a [2N, K] weight: the program's weight rows
         # alternate gate row j and up row N + j, so it holds both factors of BLOCK_N // 2
         # outputs.
-        cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        cols = pid_n * (BLOCK_N // 2) + lane // 2
         n_ok = cols < N
-        w_index = cols + (tl.arange(0, BLOCK_N) % 2) * N
+        w_index = cols + (lane % 2) * N
+    elif EPILOGUE == 2:
+        # Rotation pairs (dims j and j + HALF of one head) of the [heads * 2 * HALF, K]
+        # qkv weight: the program's rows alternate the two halves of BLOCK_N // 2 pairs,
+        # all of one head (HALF is a multiple of BLOCK_N // 2).
+        pair = pid_n * (BLOCK_N // 2) + lane // 2
+        w_index = (pair // HALF) * (2 * HALF) + pair % HALF + (lane % 2) * HALF
+        n_ok = w_index < N
     else:
         w_index = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = w_index < N
@@ -153,7 +208,12 @@ def _linear_small_m_kernel(
     if SPLIT_K > 1:
         tl.store(part_ptr + (split * M + offs_m[:, None]) * N + w_index[None, :], result,
                  mask=m_ok[:, None] & n_ok[None, :])
-    elif GLU:
+    elif EPILOGUE == 2:
+        if HAS_BIAS:
+            result += tl.load(bias_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        _rope_epilogue(result, pid_n, offs_m, m_ok, out_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr,
+                       v_pool_ptr, s_cos, s_sin, num_heads, num_kv, x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, HALF)
+    elif EPILOGUE == 1:
         # layers.silu_mul over the rounded projections (silu rounds before the product).
         rounded = result.to(x_ptr.dtype.element_ty).to(tl.float32)
         gate, up = tl.split(tl.reshape(rounded, [BLOCK_M, BLOCK_N // 2, 2]))
@@ -241,7 +301,13 @@ def linear_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     dtype: float32 logits hold exactly what ``F.linear(x, w).float()`` would).
     ``config`` overrides :func:`default_config` (the benchmark sweeps it).
     """
-    return _launch_small_m("linear_small_m", x, w, bias, config=config, out_dtype=out_dtype, glu=False)
+    kernel = "linear_small_m"
+    rows, cfg = _prepare(kernel, x, w, bias, config)
+    require(out_dtype is None or out_dtype in (x.dtype, torch.float32), kernel,
+            f"out_dtype must be x's dtype or float32, got {out_dtype}")
+    out = torch.empty((rows.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
+    _launch(rows, w, bias, out, cfg, epilogue=0, outputs=w.shape[0])
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 def linear_silu_small_m(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None) -> torch.Tensor:
@@ -250,11 +316,71 @@ def linear_silu_small_m(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig 
     One launch: the SiLU-mul is the GEMV's epilogue, rounded as
     ``layers.silu_mul(F.linear(x, w))`` rounds. Needs an unsplit K (``config.split_k == 1``).
     """
-    return _launch_small_m("linear_silu_small_m", x, w, None, config=config, out_dtype=None, glu=True)
+    kernel = "linear_silu_small_m"
+    rows, cfg = _prepare(kernel, x, w, None, config)
+    inter = w.shape[0] // 2
+    require(w.shape[0] % 2 == 0 and cfg.split_k == 1 and cfg.block_n % 2 == 0, kernel,
+            f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
+    out = torch.empty((rows.shape[0], inter), dtype=x.dtype, device=x.device)
+    _launch(rows, w, None, out, cfg, epilogue=1, outputs=inter)
+    return out.view(*x.shape[:-1], inter)
 
 
-def _launch_small_m(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, *,
-                    config: GemvConfig | None, out_dtype: torch.dtype | None, glu: bool) -> torch.Tensor:
+def fuses_qkv_rope(x: torch.Tensor, w: torch.Tensor, head_dim: int, config: GemvConfig | None = None) -> bool:
+    """Whether :func:`linear_qkv_rope_small_m` takes this product: bf16, an unsplit K, and
+    rotation pairs that tile each head (head_dim / 2 a multiple of block_n / 2)."""
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not 1 <= m <= MAX_ROWS or x.dtype != torch.bfloat16:
+        return False
+    cfg = config or default_config(m, *w.shape, x.device)
+    return cfg.split_k == 1 and cfg.block_n % 2 == 0 and head_dim % 2 == 0 and (head_dim // 2) % (cfg.block_n // 2) == 0
+
+
+def linear_qkv_rope_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
+                            cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
+                            write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, *,
+                            config: GemvConfig | None = None) -> torch.Tensor:
+    """``decoder.qkv_rope_write(F.linear(x, w, bias), num_heads, None, None, ...)`` in one launch.
+
+    x ``[B, Q, K]`` (B * Q <= MAX_ROWS, bf16), w the fused ``[(H + 2 * Hkv) * D, K]``
+    qkv weight. The GEMV's epilogue rotates q and k at ``positions`` and scatters k
+    and v into the pools at ``write_index``; returns q ``[B, Q, H, D]``. Needs
+    :func:`fuses_qkv_rope`. Compiled without multiply-add contraction (the RoPE
+    products are rounded before their sums, see elementwise), so the projection
+    itself may differ from :func:`linear_small_m`'s by rounding.
+    """
+    kernel = "linear_qkv_rope_small_m"
+    require(x.dim() == 3, kernel, f"x must be [B, Q, K], got {tuple(x.shape)}")
+    rows, cfg = _prepare(kernel, x, w, bias, config)
+    b, nq, _ = x.shape
+    require(k_pool.dim() == 4 and k_pool.shape == v_pool.shape, kernel,
+            f"k_pool and v_pool must be the same [pages, P, Hkv, D], got {tuple(k_pool.shape)} and "
+            f"{tuple(v_pool.shape)}")
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    require(w.shape[0] == (num_heads + 2 * hkv) * d, kernel,
+            f"qkv weight rows {w.shape[0]} are not (H={num_heads} + 2*Hkv={hkv}) * D={d}")
+    require(fuses_qkv_rope(x, w, d, cfg), kernel,
+            f"needs bf16, no K split and head_dim / 2 a multiple of block_n / 2, got {x.dtype}, {cfg}, D={d}")
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        require(pool.dtype == x.dtype and pool.is_contiguous(), kernel,
+                f"{name} must be contiguous {x.dtype}, got {pool.dtype} with strides {tuple(pool.stride())}")
+    for name, table in (("cos_table", cos_table), ("sin_table", sin_table)):
+        require(table.dim() == 2 and table.shape[1] == d and table.dtype == torch.float32 and table.stride(1) == 1,
+                kernel, f"{name} must be float32 [positions, {d}], got {tuple(table.shape)} {table.dtype}")
+    for name, index in (("positions", positions), ("write_index", write_index)):
+        require(tuple(index.shape) == (b, nq) and index.dtype == torch.int64 and index.is_contiguous(), kernel,
+                f"{name} must be contiguous int64 [{b}, {nq}], got {tuple(index.shape)} {index.dtype}")
+    require_same_device(kernel, x=x, cos_table=cos_table, sin_table=sin_table, positions=positions,
+                        write_index=write_index, k_pool=k_pool, v_pool=v_pool)
+    q = torch.empty((b, nq, num_heads, d), dtype=x.dtype, device=x.device)
+    _launch(rows, w, bias, q, cfg, epilogue=2, outputs=w.shape[0],
+            rope=(cos_table, sin_table, positions, write_index, k_pool, v_pool, num_heads, hkv, d // 2))
+    return q
+
+
+def _prepare(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+             config: GemvConfig | None) -> tuple[torch.Tensor, GemvConfig]:
+    """Checks shared by the launchers; -> (x as [M, K] rows, the launch config)."""
     _check(kernel, x, w, bias)
     n, k = w.shape
     rows = x.reshape(-1, k)
@@ -266,24 +392,34 @@ def _launch_small_m(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.T
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
             f"block_k must be >= 32 and block_n >= 16 for tensor-core modes, got {cfg}")
     require(cfg.preload_tiles in (1, 2), kernel, f"preload_tiles must be 1 or 2, got {cfg.preload_tiles}")
-    require(out_dtype is None or out_dtype in (x.dtype, torch.float32), kernel,
-            f"out_dtype must be x's dtype or float32, got {out_dtype}")
-    if glu:
-        require(n % 2 == 0 and cfg.split_k == 1 and cfg.block_n % 2 == 0, kernel,
-                f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
-        n //= 2
-    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-    part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if cfg.split_k > 1 else out
+    return rows, cfg
+
+
+def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig, *,
+            epilogue: int, outputs: int, rope: tuple | None = None) -> None:
+    """One GEMV launch (plus the split sum); ``outputs``: output columns (N of the kernel)."""
+    m, k = rows.shape
+    n = outputs
+    part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=rows.device) if cfg.split_k > 1 else out
     bias_arg = bias if bias is not None else out
     block_m = 1 if cfg.mode == "fma" else 16
-    outputs_per_program = cfg.block_n // 2 if glu else cfg.block_n
-    pdl = pdl_level(x)
-    _linear_small_m_kernel[(triton.cdiv(n, outputs_per_program), cfg.split_k)](
-        rows, w, bias_arg, out, part, m, n, k, rows.stride(0), w.stride(0), out.stride(0),
+    per_program = cfg.block_n // 2 if epilogue == 1 else cfg.block_n
+    if rope is not None:
+        cos, sin, pos, widx, k_pool, v_pool, num_heads, num_kv, half = rope
+        rope_args = (cos, sin, pos, widx, k_pool, v_pool)
+        rope_scalars = (cos.stride(0), sin.stride(0), num_heads, num_kv)
+    else:
+        rope_args, rope_scalars, half = (out,) * 6, (0, 0, 0, 0), 1
+    pdl = pdl_level(rows)
+    _linear_small_m_kernel[(triton.cdiv(n, per_program), cfg.split_k)](
+        rows, w, bias_arg, out, part, *rope_args,
+        m, n, k, rows.stride(0), w.stride(0), out.stride(0) if out.dim() == 2 else 0, *rope_scalars,
         HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVEN_N=n % outputs_per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, GLU=glu, PDL=pdl,
-        PRELOAD=cfg.preload_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(pdl),
+        EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
+        PDL=pdl, PRELOAD=cfg.preload_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        # RoPE rounds each product before its sum: no multiply-add contraction there.
+        **({"enable_fp_fusion": False} if epilogue == 2 else {}), **pdl_options(pdl),
     )
     if cfg.split_k > 1:
         block = 1024
@@ -291,7 +427,6 @@ def _launch_small_m(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.T
             part, bias_arg, out, m, n, out.stride(0),
             HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK=block, PDL=pdl, num_warps=4, **pdl_options(pdl),
         )
-    return out.view(*x.shape[:-1], n)
 
 
 def prefers_small_m(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -328,6 +463,19 @@ def linear_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w).float()
 
 
+def linear_qkv_rope_write(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
+                          q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
+                          cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
+                          write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    """:func:`flare.model.decoder.linear_qkv_rope_write`: one launch on the small-batch path
+    (no q/k norm: Qwen3's needs whole heads), else the GEMM and ``qkv_rope_write``."""
+    args = (cos_table, sin_table, positions, write_index, k_pool, v_pool)
+    if q_norm is None and _routes_small_m(x, w) and x.dim() == 3 and fuses_qkv_rope(x, w, k_pool.shape[-1]) \
+            and positions.is_contiguous() and write_index.is_contiguous():
+        return linear_qkv_rope_small_m(x, w, bias, num_heads, *args)
+    return qkv_rope_write(linear(x, w, bias), num_heads, q_norm, k_norm, eps, *args)
+
+
 def linear_silu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``silu_mul(F.linear(x, w))`` over the fused gate/up weight, fused on the small-batch path."""
     if _routes_small_m(x, w):
@@ -338,5 +486,6 @@ def linear_silu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return silu_mul(F.linear(x, w))
 
 
-__all__ = ["GemvConfig", "MAX_ROWS", "default_config", "linear", "linear_float", "linear_silu", "linear_silu_small_m",
-           "linear_small_m", "prefers_small_m"]
+__all__ = ["GemvConfig", "MAX_ROWS", "default_config", "fuses_qkv_rope", "linear", "linear_float",
+           "linear_qkv_rope_small_m", "linear_qkv_rope_write", "linear_silu", "linear_silu_small_m", "linear_small_m",
+           "prefers_small_m"]

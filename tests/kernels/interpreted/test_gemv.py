@@ -129,3 +129,37 @@ def test_float32_output_holds_the_rounded_product():
     got = linear_small_m(x, w, config=cfg, out_dtype=torch.float32)
     assert got.dtype == torch.float32
     assert torch.equal(got, linear_small_m(x, w, config=cfg).float())
+
+
+@pytest.mark.parametrize("config", [GemvConfig(block_n=4, block_k=64, num_warps=2, num_stages=3, mode="fma"),
+                                    GemvConfig(block_n=16, block_k=64, mode="swap")], ids=["fma", "swap"])
+def test_qkv_rope_epilogue_matches_the_decoder_composite(config):
+    """The qkv GEMV with RoPE and the K/V scatter as its epilogue writes what
+    decoder.qkv_rope_write(linear(x, w, bias)) writes (q, and k/v in the pools only at
+    the write indices)."""
+    from flare.model import decoder
+    from flare.model.kernels import fuses_qkv_rope, linear_qkv_rope_small_m
+
+    gen = torch.Generator().manual_seed(23)
+    heads, kv_heads, d, hidden = 4, 2, 16, 128
+    b = 1 if config.mode == "fma" else 3
+    x = torch.randn(b, 1, hidden, generator=gen).bfloat16()
+    w = (torch.randn((heads + 2 * kv_heads) * d, hidden, generator=gen) / 8).bfloat16()
+    bias = torch.randn(w.shape[0], generator=gen).bfloat16()
+    angles = torch.randn(40, d, generator=gen)
+    cos, sin = angles.cos(), angles.sin()
+    positions = torch.tensor([[5], [39], [0]])[:b]
+    write_index = torch.tensor([[70], [3], [129]])[:b]  # flat (page * 64 + offset) slots in a 3-page pool
+    assert fuses_qkv_rope(x, w, d, config)
+    pools = [torch.zeros(3, 64, kv_heads, d).bfloat16() for _ in range(2)]
+    want_pools = [p.clone() for p in pools]
+    got = linear_qkv_rope_small_m(x, w, bias, heads, cos, sin, positions, write_index, *pools, config=config)
+    want = decoder.qkv_rope_write(linear_small_m(x, w, bias, config=config), heads, None, None, 1e-6, cos, sin,
+                                  positions, write_index, *want_pools)
+    assert got.shape == (b, 1, heads, d) and torch.equal(got, want), f"{config}: q"
+    for name, pool, want_pool in zip("kv", pools, want_pools):
+        assert torch.equal(pool, want_pool), f"{config}: {name} pool"
+    assert int((pools[0].abs().sum(-1) > 0).sum()) == b * kv_heads, "k must be written at the write indices only"
+    with pytest.raises(KernelInputError, match="head_dim / 2 a multiple"):
+        linear_qkv_rope_small_m(x, w, bias, heads, cos, sin, positions, write_index, *pools,
+                                config=GemvConfig(block_n=32, block_k=64, mode="swap"))
