@@ -87,15 +87,34 @@ def _accumulate(acc, w, x, MODE: tl.constexpr):
 
 
 @triton.jit
-def _rope_epilogue(result, pid_n, offs_m, m_ok, q_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr, v_pool_ptr,
-                   s_cos, s_sin, num_heads, num_kv, dtype: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+def _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
+                 BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+    """The program's RoPE table entries and write indices (EPILOGUE 2), loaded before the
+    K loop so their latency hides under the weight stream."""
+    j = (pid_n * (BLOCK_N // 2)) % HALF + tl.arange(0, BLOCK_N // 2)
+    mask = m_ok[:, None] & (j < HALF)[None, :]
+    pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0)
+    slot = tl.load(widx_ptr + offs_m, mask=m_ok, other=0)
+    c_row = cos_ptr + pos[:, None] * s_cos + j[None, :]
+    s_row = sin_ptr + pos[:, None] * s_sin + j[None, :]
+    c1 = tl.load(c_row, mask=mask, other=0.0)
+    c2 = tl.load(c_row + HALF, mask=mask, other=0.0)
+    s1 = tl.load(s_row, mask=mask, other=0.0)
+    s2 = tl.load(s_row + HALF, mask=mask, other=0.0)
+    return slot, c1, c2, s1, s2
+
+
+@triton.jit
+def _rope_epilogue(result, pid_n, offs_m, m_ok, q_ptr, k_pool_ptr, v_pool_ptr, slot, c1, c2, s1, s2,
+                   num_heads, num_kv, dtype: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HALF: tl.constexpr):
     """decoder.qkv_rope_write for one program's rotation pairs (see EPILOGUE 2).
 
     result: [BLOCK_M, BLOCK_N] fp32, lanes alternating the first and second half of
     each pair. q rows go to q_ptr ([M, heads, 2 * HALF]), k and v rows into the pools
-    at each row's write index; q and k rotated at each row's position, rounded where
-    the reference rounds (elementwise._rotate_half).
+    at each row's write index ``slot``; q and k rotated with the table entries c1, c2,
+    s1, s2 ([BLOCK_M, BLOCK_N // 2], from _rope_inputs), rounded where the reference
+    rounds (elementwise._rotate_half).
     """
     rounded = result.to(dtype).to(tl.float32)
     x1, x2 = tl.split(tl.reshape(rounded, [BLOCK_M, BLOCK_N // 2, 2]))  # [BLOCK_M, BLOCK_N // 2] each
@@ -105,26 +124,17 @@ def _rope_epilogue(result, pid_n, offs_m, m_ok, q_ptr, cos_ptr, sin_ptr, pos_ptr
     mask = m_ok[:, None] & (j < HALF)[None, :]
     d = 2 * HALF
     if head < num_heads + num_kv:
-        pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0)
-        c_row = cos_ptr + pos[:, None] * s_cos + j[None, :]
-        s_row = sin_ptr + pos[:, None] * s_sin + j[None, :]
-        c1 = tl.load(c_row, mask=mask, other=0.0)
-        c2 = tl.load(c_row + HALF, mask=mask, other=0.0)
-        s1 = tl.load(s_row, mask=mask, other=0.0)
-        s2 = tl.load(s_row + HALF, mask=mask, other=0.0)
         out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, dtype)
         if head < num_heads:
             q_dst = q_ptr + (offs_m.to(tl.int64)[:, None] * num_heads + head) * d + j[None, :]
             tl.store(q_dst, out1, mask=mask)
             tl.store(q_dst + HALF, out2, mask=mask)
         else:
-            k_slot = tl.load(widx_ptr + offs_m, mask=m_ok, other=0)
-            k_dst = k_pool_ptr + (k_slot[:, None] * num_kv + (head - num_heads)) * d + j[None, :]
+            k_dst = k_pool_ptr + (slot[:, None] * num_kv + (head - num_heads)) * d + j[None, :]
             tl.store(k_dst, out1, mask=mask)
             tl.store(k_dst + HALF, out2, mask=mask)
     else:
-        v_slot = tl.load(widx_ptr + offs_m, mask=m_ok, other=0)
-        v_dst = v_pool_ptr + (v_slot[:, None] * num_kv + (head - num_heads - num_kv)) * d + j[None, :]
+        v_dst = v_pool_ptr + (slot[:, None] * num_kv + (head - num_heads - num_kv)) * d + j[None, :]
         tl.store(v_dst, x1.to(dtype), mask=mask)
         tl.store(v_dst + HALF, x2.to(dtype), mask=mask)
 
@@ -195,6 +205,9 @@ def _linear_small_m_kernel(
             _, x_second = _load_tile(w_rows, x_rows, ks + BLOCK_K, k_stop, n_ok, m_ok, EVEN_N, False)
             acc = _accumulate(acc, w_second, x_second, MODE)
             first += BLOCK_K
+    if EPILOGUE == 2:  # after the wait: the step's own torch ops wrote these
+        slot, c1, c2, s1, s2 = _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
+                                            BLOCK_N, HALF)
     for k in range(first, k_stop, BLOCK_K):
         w, x = _load_tile(w_rows, x_rows, k + offs_k, k_stop, n_ok, m_ok, EVEN_N, EVEN_K)
         acc = _accumulate(acc, w, x, MODE)
@@ -211,8 +224,8 @@ def _linear_small_m_kernel(
     elif EPILOGUE == 2:
         if HAS_BIAS:
             result += tl.load(bias_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        _rope_epilogue(result, pid_n, offs_m, m_ok, out_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr,
-                       v_pool_ptr, s_cos, s_sin, num_heads, num_kv, x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, HALF)
+        _rope_epilogue(result, pid_n, offs_m, m_ok, out_ptr, k_pool_ptr, v_pool_ptr, slot, c1, c2, s1, s2,
+                       num_heads, num_kv, x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, HALF)
     elif EPILOGUE == 1:
         # layers.silu_mul over the rounded projections (silu rounds before the product).
         rounded = result.to(x_ptr.dtype.element_ty).to(tl.float32)
