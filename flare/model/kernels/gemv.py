@@ -17,11 +17,17 @@ slices of K. Three inner products are available (:class:`GemvConfig`.mode):
 - ``"swap"``: ``w[BN, BK] @ x[16, BK].T``, the weight as the wide operand.
 
 With ``split_k > 1`` each slice writes fp32 partials and a second kernel sums them
-(deterministic, no atomics). ``pdl`` launches with programmatic dependent launch;
-it is correct (tests/gpu chains PDL GEMVs in a graph) but measured slower in the
-step (3.86 ms against 3.69), so it is off by default. :func:`linear` is the
-selector: it runs the kernel where it was measured to beat
-``torch.nn.functional.linear`` and falls back to torch everywhere else.
+(deterministic, no atomics). Under programmatic dependent launch (``_common``) a
+program loads its first weight tile before waiting on the previous kernel.
+
+Epilogues: the plain product (optionally stored as float32, for the logits), the
+gate/up product's SiLU-mul (:func:`linear_silu_small_m`) and the qkv product's RoPE
+and K/V scatter (:func:`linear_qkv_rope_small_m`); each permutes which weight rows
+a program owns so that it holds every input of its outputs. :func:`linear`,
+:func:`linear_silu`, :func:`linear_float` and :func:`linear_qkv_rope_write` are the
+selectors: they run the kernel where it was measured to beat
+``torch.nn.functional.linear`` and fall back to torch (and the elementwise kernels)
+everywhere else.
 """
 
 from __future__ import annotations
