@@ -99,8 +99,7 @@ class Step:
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (float32 logits, greedy tokens)."""
-        hidden = self.decoder.forward(self.tokens, self.batch, self.kv, torch.zeros(self.b, dtype=torch.int64,
-                                                                                     device=DEV))
+        hidden = self.decoder.forward(self.tokens, self.batch, self.kv)
         logits = self.decoder.logits(hidden)
         return logits, greedy_tokens(logits, self.sampling, self.counts, self.prompt_counts, self.slots,
                                      self.do_sample, self.slot_token)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
@@ -40,13 +41,19 @@ def _size(graph) -> tuple[int, int]:
 
 
 def use_kernels(programs: StepPrograms) -> None:
-    """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV)
-    and the greedy variant to its two-launch token choice."""
+    """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV),
+    the greedy variant to its two-launch token choice, and a decode step's slot reads and
+    every sampling program's slot writes to one launch each."""
     from .decoder import cuda_ops
+    from .kernels import slots
     from .kernels.sampling import greedy_tokens
 
     programs.decoder.ops = cuda_ops()
     programs.greedy_tokens = greedy_tokens
+    contract = programs.contract
+    programs.decode_inputs = partial(slots.decode_inputs, programs.buffers, context=contract.context,
+                                     page_tokens=contract.page_tokens)
+    programs.commit = partial(slots.commit_samples, programs.buffers, programs.output_counts)
 
 
 def _new_graph():

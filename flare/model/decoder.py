@@ -116,10 +116,11 @@ class Decoder:
                 ("attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "mlp_norm", "gate_up", "down")}
 
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, kv: KVCache,
-                sample_index: torch.Tensor) -> torch.Tensor:
+                sample_index: torch.Tensor | None = None) -> torch.Tensor:
         """Run the decoder; returns the final-normed hidden state of each row's sampled token.
 
-        tokens: [B, Q] int64; sample_index: [B] int64 (query index per row). -> [B, hidden]
+        tokens: [B, Q] int64; sample_index: [B] int64 (query index per row), or None for
+        each row's last query (a view: no gather kernel). -> [B, hidden]
         """
         spec, ops = self.spec, self.ops
         b, nq = tokens.shape
@@ -138,8 +139,10 @@ class Decoder:
             x = ops.linear(ops.linear_silu(y, lw["gate_up"]), lw["down"])
             following = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.w["norm"]
             y, residual = ops.add_rms_norm(x, residual, following, eps)
-        rows = torch.arange(b, device=y.device)
-        return y[rows, sample_index]  # [B, hidden]: the last layer's add_rms_norm applied the final norm
+        # [B, hidden]: the last layer's add_rms_norm applied the final norm
+        if sample_index is None:
+            return y[:, -1]
+        return y[torch.arange(b, device=y.device), sample_index]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, hidden] -> float32 logits [B, V]."""

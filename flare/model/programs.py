@@ -57,8 +57,13 @@ class StepPrograms:
         self.hidden = torch.zeros(s1, spec.hidden_size, dtype=self.dtype, device=self.device)
         self.output_counts = torch.zeros(s1, spec.vocab_size, dtype=torch.int32, device=self.device)
         self.prompt_counts = torch.zeros(s1, spec.vocab_size, dtype=torch.int32, device=self.device)
-        # The greedy variant's token choice; capture swaps in the two-launch kernel.
+        # Bookkeeping a capture swaps for kernels (flare/model/kernels: sampling, slots): the
+        # greedy variant's token choice, a decode step's reads of the slot state and every
+        # sampling program's writes back. The methods named here are the reference.
         self.greedy_tokens = greedy_tokens
+        self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
+        self.commit = self._commit  # (slots, token, do_sample, kind) -> None
+        self._ones = torch.ones(contract.max_batch, dtype=torch.bool, device=self.device)  # do_sample of decode rows
         self._runners = {
             GraphKind.INITIALIZE: self._initialize,
             GraphKind.PREFILL: self._prefill,
@@ -136,20 +141,23 @@ class StepPrograms:
     def _commit_samples(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
                         raw_logprobs: torch.Tensor | None = None) -> None:
         """Store sampled tokens in the slot rows, count them for penalties, write outputs."""
-        buf = self.buffers
-        buf["slot.token"].index_copy_(0, slots, token)
-        buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + do_sample.to(torch.int64))
-        # Integer atomics: exact in any order, and no sort (index_put_ with accumulate sorts).
-        self.output_counts.view(-1).scatter_add_(0, slots * self.output_counts.shape[1] + token,
-                                                 do_sample.to(torch.int32))
+        self.commit(slots, token, do_sample, kind)
         if raw_logprobs is None:
-            self._record(slots, kind, do_sample)
             return
         k = self.contract.top_logprobs
         top = raw_logprobs.topk(k, dim=-1)
         self._write_frame("out.logprobs", slots,
                           torch.cat([raw_logprobs.gather(1, token.view(-1, 1)), top.values], dim=1))
         self._write_frame("out.top_ids", slots, top.indices)
+
+    def _commit(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind) -> None:
+        """Tokens into the slot rows, generated and penalty counts, and the completion records."""
+        buf = self.buffers
+        buf["slot.token"].index_copy_(0, slots, token)
+        buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + do_sample.to(torch.int64))
+        # Integer atomics: exact in any order, and no sort (index_put_ with accumulate sorts).
+        self.output_counts.view(-1).scatter_add_(0, slots * self.output_counts.shape[1] + token,
+                                                 do_sample.to(torch.int32))
         self._record(slots, kind, do_sample)
 
     def _positions(self, pos0: torch.Tensor, t: int) -> torch.Tensor:
@@ -198,26 +206,30 @@ class StepPrograms:
         buf["slot.position"].index_copy_(0, slots, kv_lens)
         self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL)
 
+    def _decode_inputs(self, slots: torch.Tensor) -> tuple[torch.Tensor, AttentionBatch]:
+        """A decode step's tokens [B, 1] and attention metadata, read from the slot rows."""
+        buf = self.buffers
+        b = slots.shape[0]
+        tokens = buf["slot.token"][slots].view(b, 1)
+        pos0 = buf["slot.position"][slots]
+        positions = pos0.view(b, 1)
+        kv_lens = pos0 + 1
+        return tokens, AttentionBatch(
+            positions=positions.clamp(max=self.contract.context - 1),
+            write_index=self._write_index(slots, positions, self._ones[:b].view(b, 1)),
+            page_table=self._page_table(slots, kv_lens),
+            kv_lens=kv_lens,
+        )
+
     def _decode(self, graph: GraphSpec) -> None:
         buf = self.buffers
         b = graph.batch
         slots = self._step("step.slots", b)
-        tokens = buf["slot.token"][slots].view(b, 1)
-        pos0 = buf["slot.position"][slots]
-        positions = pos0.view(b, 1)
-        valid = torch.ones(b, 1, dtype=torch.bool, device=self.device)
-        kv_lens = pos0 + 1
-        batch = AttentionBatch(
-            positions=positions.clamp(max=self.contract.context - 1),
-            write_index=self._write_index(slots, positions, valid),
-            page_table=self._page_table(slots, kv_lens),
-            kv_lens=kv_lens,
-        )
-        hidden = self.decoder.forward(tokens, batch, self.kv, torch.zeros(b, dtype=torch.int64, device=self.device))
+        tokens, batch = self.decode_inputs(slots)
+        hidden = self.decoder.forward(tokens, batch, self.kv)
         self.hidden.index_copy_(0, slots, hidden)
-        buf["slot.position"].index_copy_(0, slots, kv_lens)
-        self._sample_rows(slots, hidden, torch.ones(b, dtype=torch.bool, device=self.device), GraphKind.DECODE,
-                          graph.greedy)
+        buf["slot.position"].index_copy_(0, slots, batch.kv_lens)
+        self._sample_rows(slots, hidden, self._ones[:b], GraphKind.DECODE, graph.greedy)
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]
@@ -252,8 +264,7 @@ class StepPrograms:
 
     def _resume(self, graph: GraphSpec) -> None:
         slots = self._step("step.slots", graph.batch)
-        ones = torch.ones(graph.batch, dtype=torch.bool, device=self.device)
-        self._sample_rows(slots, self.hidden[slots], ones, GraphKind.RESUME)
+        self._sample_rows(slots, self.hidden[slots], self._ones[:graph.batch], GraphKind.RESUME)
 
     # -- host access (CPU executor, tests) -------------------------------------
 

@@ -164,3 +164,23 @@ def test_greedy_sampling_kernels_compile_for_sm90(launches):
     assert {"_penalized_block_max_kernel", "_pick_kernel"} <= set(names), names
     assert all("div.rn.f32" in text and "fma.rn.f32" not in text for text in ptx["_penalized_block_max_kernel"]), \
         "penalties must divide and subtract as the torch reference does"
+
+
+def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
+    from flare.model.contract import RECORD_FIELDS, GraphKind
+    from flare.model.kernels import slots
+
+    s1, vocab = 65, 128256
+    buffers = {"slot.token": torch.zeros(s1, dtype=torch.int64), "slot.position": torch.zeros(s1, dtype=torch.int64),
+               "slot.generated": torch.zeros(s1, dtype=torch.int64),
+               "slot.generation": torch.zeros(s1, dtype=torch.int64),
+               "slot.page_table": torch.zeros(s1, 64, dtype=torch.int64),
+               "out.records": torch.zeros(2, s1, RECORD_FIELDS, dtype=torch.int64),
+               "step.frame": torch.zeros(1, dtype=torch.int64)}
+    for b in (1, 64):
+        index = torch.arange(b)
+        slots.decode_inputs(buffers, index, 4096, 64)
+        slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
+                             torch.ones(b, dtype=torch.bool), GraphKind.DECODE)
+    names = _compile_all(launches)
+    assert {"_decode_inputs_kernel", "_commit_kernel"} <= set(names), names

@@ -1,0 +1,131 @@
+"""The slot bookkeeping around a step's forward pass, one launch on each side.
+
+A decode program reads each row's slot state (token, position, page table) into
+the attention metadata and, after sampling, writes the sampled token, the counts
+and the completion record back. In torch (:class:`flare.model.programs.StepPrograms`'
+own methods, the reference) that is about forty small gathers, scatters and
+elementwise kernels per step, outside the programmatic-dependent-launch chain of
+the forward: 0.09 ms of a 3.98 ms batch-1 step on the H200 (tools/bench_gpu.py
+against tools/bench_step.py, 2026-11-30). Here one program per batch row does each
+side; the results are the reference's, integer for integer.
+
+Rows may repeat a slot only for padding (slot 0): those rows race on slot 0's
+state and record, which nothing reads, as the reference's ``index_copy_`` would.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..attention import AttentionBatch
+from ..contract import (
+    REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION, REC_KIND,
+    REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS,
+)
+from ._common import next_power_of_2, pdl_level, pdl_options, require, wait_for_inputs
+
+
+@triton.jit
+def _decode_inputs_kernel(
+    slots_ptr, slot_token_ptr, slot_position_ptr, slot_table_ptr,
+    tokens_ptr, positions_ptr, write_index_ptr, table_ptr, kv_lens_ptr,
+    max_position, max_pages, s_slot_table,
+    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
+):
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row)
+    position = tl.load(slot_position_ptr + slot)
+    cols = tl.arange(0, BLOCK_P)
+    source = slot_table_ptr + slot * s_slot_table
+    tl.store(table_ptr + row * max_pages + cols, tl.load(source + cols, mask=cols < max_pages), mask=cols < max_pages)
+    page = tl.load(source + tl.minimum(position // PAGE, max_pages - 1))
+    tl.store(write_index_ptr + row, page * PAGE + position % PAGE)
+    tl.store(positions_ptr + row, tl.minimum(position, max_position))
+    tl.store(kv_lens_ptr + row, position + 1)
+    tl.store(tokens_ptr + row, tl.load(slot_token_ptr + slot))
+
+
+@triton.jit
+def _commit_kernel(
+    slots_ptr, token_ptr, do_sample_ptr, slot_token_ptr, slot_generated_ptr, slot_generation_ptr,
+    slot_position_ptr, counts_ptr, records_ptr, frame_ptr, num_slots, s_counts, kind,
+    FIELDS: tl.constexpr, BLOCK_F: tl.constexpr, F_SLOT: tl.constexpr, F_GENERATION: tl.constexpr,
+    F_CONSUMED: tl.constexpr, F_GENERATED: tl.constexpr, F_NEW: tl.constexpr, F_KIND: tl.constexpr,
+    F_FLAGS: tl.constexpr, F_TOKEN0: tl.constexpr, PARTICIPATED: tl.constexpr, SAMPLED: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row)
+    token = tl.load(token_ptr + row)
+    sampled = (tl.load(do_sample_ptr + row) != 0).to(tl.int64)
+    tl.store(slot_token_ptr + slot, token)
+    generated = tl.load(slot_generated_ptr + slot) + sampled
+    tl.store(slot_generated_ptr + slot, generated)
+    # Integer atomics, as the reference's scatter_add_: exact in any order.
+    tl.atomic_add(counts_ptr + slot * s_counts + token, sampled.to(tl.int32), mask=sampled != 0)
+    fields = tl.arange(0, BLOCK_F)
+    value = tl.where(fields == F_SLOT, slot, 0)
+    value = tl.where(fields == F_GENERATION, tl.load(slot_generation_ptr + slot), value)
+    value = tl.where(fields == F_CONSUMED, tl.load(slot_position_ptr + slot), value)
+    value = tl.where(fields == F_GENERATED, generated, value)
+    value = tl.where(fields == F_NEW, sampled, value)
+    value = tl.where(fields == F_KIND, kind, value)
+    value = tl.where(fields == F_FLAGS, PARTICIPATED + SAMPLED * sampled, value)
+    value = tl.where(fields == F_TOKEN0, token, value)
+    frame = tl.load(frame_ptr)
+    tl.store(records_ptr + (frame * num_slots + slot) * FIELDS + fields, value, mask=fields < FIELDS)
+
+
+def decode_inputs(buffers: dict[str, torch.Tensor], slots: torch.Tensor, context: int,
+                  page_tokens: int) -> tuple[torch.Tensor, AttentionBatch]:
+    """:meth:`StepPrograms._decode_inputs` in one launch: -> (tokens [B, 1], the attention batch)."""
+    kernel = "decode_inputs"
+    table = buffers["slot.page_table"]
+    require(table.stride(1) == 1 and slots.dim() == 1 and slots.dtype == torch.int64, kernel,
+            "slot.page_table rows must be contiguous and slots a 1-D int64 tensor")
+    b, max_pages = slots.shape[0], table.shape[1]
+    device = slots.device
+    tokens = torch.empty(b, 1, dtype=torch.int64, device=device)
+    positions = torch.empty(b, 1, dtype=torch.int64, device=device)
+    write_index = torch.empty(b, 1, dtype=torch.int64, device=device)
+    page_table = torch.empty(b, max_pages, dtype=torch.int64, device=device)
+    kv_lens = torch.empty(b, dtype=torch.int64, device=device)
+    pdl = pdl_level(slots)
+    _decode_inputs_kernel[(b,)](
+        slots, buffers["slot.token"], buffers["slot.position"], table,
+        tokens, positions, write_index, page_table, kv_lens,
+        context - 1, max_pages, table.stride(0),
+        PAGE=page_tokens, BLOCK_P=next_power_of_2(max_pages), PDL=pdl, num_warps=1, **pdl_options(pdl),
+    )
+    return tokens, AttentionBatch(positions=positions, write_index=write_index, page_table=page_table,
+                                  kv_lens=kv_lens)
+
+
+def commit_samples(buffers: dict[str, torch.Tensor], output_counts: torch.Tensor, slots: torch.Tensor,
+                   token: torch.Tensor, do_sample: torch.Tensor, kind: int) -> None:
+    """:meth:`StepPrograms._commit_torch` in one launch: the sampled tokens into the slot rows,
+    the generated and penalty counts, and each row's completion record into the current frame."""
+    kernel = "commit_samples"
+    records = buffers["out.records"]
+    b = slots.shape[0]
+    require(token.shape == (b,) and do_sample.shape == (b,) and token.dtype == torch.int64, kernel,
+            f"token and do_sample must be [{b}], token int64")
+    require(records.is_contiguous() and records.shape[2] == RECORD_FIELDS and output_counts.stride(1) == 1, kernel,
+            "records must be contiguous [2, slots, RECORD_FIELDS] and counts rows contiguous")
+    pdl = pdl_level(slots)
+    _commit_kernel[(b,)](
+        slots, token, do_sample, buffers["slot.token"], buffers["slot.generated"], buffers["slot.generation"],
+        buffers["slot.position"], output_counts, records, buffers["step.frame"], records.shape[1],
+        output_counts.stride(0), int(kind),
+        FIELDS=RECORD_FIELDS, BLOCK_F=next_power_of_2(RECORD_FIELDS), F_SLOT=REC_SLOT, F_GENERATION=REC_GENERATION,
+        F_CONSUMED=REC_CONSUMED, F_GENERATED=REC_GENERATED, F_NEW=REC_NEW_TOKENS, F_KIND=REC_KIND,
+        F_FLAGS=REC_FLAGS, F_TOKEN0=REC_TOKEN0, PARTICIPATED=REC_FLAG_PARTICIPATED, SAMPLED=REC_FLAG_SAMPLED,
+        PDL=pdl, num_warps=1, **pdl_options(pdl),
+    )
+
+
+__all__ = ["commit_samples", "decode_inputs"]
