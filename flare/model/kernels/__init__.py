@@ -10,10 +10,13 @@
   qkv one with RoPE and the K/V scatter as its epilogue, the gate/up one with the
   SiLU-mul, the logits stored as float32), with selectors that fall back to
   ``torch.nn.functional.linear`` and the elementwise kernels.
+- :mod:`.sampling`: the greedy decode variant's token choice; :mod:`.slots`: a step's
+  reads of the slot rows and its writes back (tokens, counts, completion records),
+  matching :class:`flare.model.programs.StepPrograms`' own methods.
 
 Every kernel takes a ``PDL`` constexpr: on Hopper it is launched with programmatic
 dependent launch and waits on the previous kernel before reading anything it may
-have written (:func:`._common.wait_for_inputs`).
+have written (:func:`._common.wait_for_inputs`); only weights are read before that.
 
 Every wrapper is graph-capturable: launch shapes depend only on tensor shapes,
 dtypes and the device, never on tensor values, and no wrapper synchronises. Run
