@@ -70,17 +70,25 @@ def graph_us(calls: list, repeats: int = 15) -> float:
     with torch.cuda.graph(graph):
         for fn in calls:
             fn()
+    us = replay_ms(graph, runs=repeats) * 1000.0 / len(calls)
+    del graph
+    return us
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, *, replays: int = 1, runs: int = 15) -> float:
+    """Median milliseconds per replay of ``graph`` over ``runs`` timed runs of ``replays``
+    back-to-back replays (CUDA events), after one untimed replay."""
     graph.replay()
     torch.cuda.synchronize()
     samples = []
-    for _ in range(repeats):
+    for _ in range(runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / len(calls))
-    del graph
+        samples.append(start.elapsed_time(end) / replays)
     return statistics.median(samples)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,9 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_gpu import COPY_CEILING_BPS, SHAPES  # noqa: E402
+from bench_kernels import replay_ms  # noqa: E402
 
 from flare.model import kernels  # noqa: E402
 from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache  # noqa: E402
+from flare.model.checkpoint import random_runtime_weights  # noqa: E402
 from flare.model.decoder import Decoder, cuda_ops  # noqa: E402
 from flare.model.kernels import _common, attention, gemv  # noqa: E402
 from flare.model.kernels.sampling import greedy_tokens  # noqa: E402
@@ -51,22 +52,6 @@ def make_spec(shape: str) -> ModelSpec:
                      rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"],
                      max_position_embeddings=c["max_position_embeddings"],
                      tie_word_embeddings=c["tie_word_embeddings"], qkv_bias=False, qk_norm=False)
-
-
-def random_weights(spec: ModelSpec) -> dict[str, torch.Tensor]:
-    gen = torch.Generator(device=DEV).manual_seed(0)
-
-    def rnd(*shape, scale=0.02):
-        return (scale * torch.randn(*shape, generator=gen, device=DEV)).bfloat16()
-
-    h, width = spec.hidden_size, spec.q_size + 2 * spec.kv_size
-    w = {"embed": rnd(spec.vocab_size, h, scale=1.0), "norm": 1 + rnd(h), "lm_head": rnd(spec.vocab_size, h)}
-    for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        w |= {p + "attn_norm": 1 + rnd(h), p + "qkv": rnd(width, h), p + "o": rnd(h, spec.q_size),
-              p + "mlp_norm": 1 + rnd(h), p + "gate_up": rnd(2 * spec.intermediate_size, h),
-              p + "down": rnd(h, spec.intermediate_size)}
-    return w
 
 
 class Step:
@@ -117,22 +102,6 @@ def capture(step: Step) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch
         outputs = step()
     torch.cuda.synchronize()
     return graph, outputs
-
-
-def time_graph(graph: torch.cuda.CUDAGraph, replays: int = 50, runs: int = 7) -> float:
-    """Median ms per replay over ``runs`` back-to-back runs of ``replays`` replays."""
-    graph.replay()
-    torch.cuda.synchronize()
-    per_run = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        per_run.append(start.elapsed_time(end) / replays)
-    return statistics.median(per_run)
 
 
 def profile(graph: torch.cuda.CUDAGraph, out: Path | None, replays: int = 5) -> list[tuple[str, float, float, int]]:
@@ -212,7 +181,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
     spec = make_spec(args.shape)
-    decoder = Decoder(spec, random_weights(spec), max_positions=args.context)
+    decoder = Decoder(spec, random_runtime_weights(spec, scale=0.02, dtype=torch.bfloat16, device=DEV),
+                      max_positions=args.context)
     step = Step(decoder, args.batch, args.cached, args.context // PAGE_TOKENS)
     floor_ms = step.bytes / COPY_CEILING_BPS * 1e3
     print(f"{args.shape} batch {args.batch}, {args.cached} cached keys: {step.bytes / 1e9:.2f} GB per step, "
@@ -225,7 +195,7 @@ def main() -> int:
         graph.replay()
         torch.cuda.synchronize()
         logits[name] = out_logits.clone()
-        results[name] = time_graph(graph)
+        results[name] = replay_ms(graph, replays=50, runs=7)
         print(f"{name:>24}: {results[name]:.3f} ms/step ({results[name] / floor_ms:.3f}x floor)", flush=True)
     # Timing again in reverse order: the spread says what difference is noise. A replay
     # rewrites the same K/V, so each variant's logits must stay bit-identical across its
@@ -237,7 +207,7 @@ def main() -> int:
     first = next(iter(logits))
     for name in reversed(list(graphs)):
         graph, out_logits = graphs[name]
-        again = time_graph(graph)
+        again = replay_ms(graph, replays=50, runs=7)
         print(f"{name:>24}: {again:.3f} ms/step again", flush=True)
         results[name] = min(results[name], again)
         if not torch.equal(out_logits, logits[name]):

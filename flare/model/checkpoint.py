@@ -147,3 +147,20 @@ def runtime_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes[p + "gate_up"] = (2 * inter, h)
         shapes[p + "down"] = (h, inter)
     return shapes
+
+
+def random_runtime_weights(spec: ModelSpec, *, scale: float, dtype: torch.dtype = torch.float32,
+                           device: torch.device | str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights of every runtime tensor (tests and benchmarks): normal draws times
+    ``scale``, the embedding unscaled, norm weights around 1."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for name, shape in runtime_weight_shapes(spec).items():
+        draw = torch.randn(*shape, generator=gen, device=device)
+        if name == "embed":
+            weights[name] = draw.to(dtype)
+        elif name.endswith("norm"):
+            weights[name] = (1 + scale * draw).to(dtype)
+        else:
+            weights[name] = (scale * draw).to(dtype)
+    return weights

@@ -309,6 +309,31 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def check_rope_targets(kernel: str, x: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
+                       positions: torch.Tensor, write_index: torch.Tensor, k_pool: torch.Tensor,
+                       v_pool: torch.Tensor) -> tuple[int, int]:
+    """Checks shared by the launches that rotate q/k and scatter k/v for x ``[B, Q, ...]``
+    (this module's qkv_rope_write and the qkv GEMV's epilogue); -> (Hkv, D)."""
+    require(k_pool.dim() == 4 and k_pool.shape == v_pool.shape, kernel,
+            f"k_pool and v_pool must be the same [pages, P, Hkv, D], got {tuple(k_pool.shape)} and "
+            f"{tuple(v_pool.shape)}")
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    require(d % 2 == 0, kernel, f"head_dim must be even, got {d}")
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        require(pool.dtype == x.dtype and pool.is_contiguous(), kernel,
+                f"{name} must be contiguous {x.dtype}, got {pool.dtype} with strides {tuple(pool.stride())}")
+    for name, table in (("cos_table", cos_table), ("sin_table", sin_table)):
+        require(table.dim() == 2 and table.shape[1] == d and table.dtype == torch.float32 and table.stride(1) == 1,
+                kernel, f"{name} must be float32 [positions, {d}], got {tuple(table.shape)} {table.dtype}")
+    b, nq = x.shape[0], x.shape[1]
+    for name, index in (("positions", positions), ("write_index", write_index)):
+        require(tuple(index.shape) == (b, nq) and index.dtype == torch.int64, kernel,
+                f"{name} must be int64 [{b}, {nq}], got {tuple(index.shape)} {index.dtype}")
+    require_same_device(kernel, x=x, cos_table=cos_table, sin_table=sin_table, positions=positions,
+                        write_index=write_index, k_pool=k_pool, v_pool=v_pool)
+    return hkv, d
+
+
 def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                    eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
                    write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
@@ -321,33 +346,18 @@ def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | Non
     """
     kernel = "qkv_rope_write"
     require(qkv.dim() == 3 and qkv.numel() > 0, kernel, f"qkv must be [B, Q, width], got {tuple(qkv.shape)}")
-    require(k_pool.dim() == 4 and k_pool.shape == v_pool.shape, kernel,
-            f"k_pool and v_pool must be the same [pages, P, Hkv, D], got {tuple(k_pool.shape)} and "
-            f"{tuple(v_pool.shape)}")
-    hkv, d = k_pool.shape[2], k_pool.shape[3]
     b, nq, width = qkv.shape
-    require(d % 2 == 0 and width == (num_heads + 2 * hkv) * d, kernel,
-            f"qkv width {width} is not (H={num_heads} + 2*Hkv={hkv}) * D={d} with an even D")
+    hkv, d = check_rope_targets(kernel, qkv, cos_table, sin_table, positions, write_index, k_pool, v_pool)
+    require(width == (num_heads + 2 * hkv) * d, kernel,
+            f"qkv width {width} is not (H={num_heads} + 2*Hkv={hkv}) * D={d}")
     require((q_norm is None) == (k_norm is None), kernel, "q_norm and k_norm come together")
-    tensors = {"qkv": qkv, "cos_table": cos_table, "sin_table": sin_table, "positions": positions,
-               "write_index": write_index, "k_pool": k_pool, "v_pool": v_pool}
     if q_norm is not None:
         for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
             require(w.shape == (d,) and w.dtype == qkv.dtype and w.is_contiguous(), kernel,
                     f"{name} must be contiguous [{d}] {qkv.dtype}, got {tuple(w.shape)} {w.dtype}")
-            tensors[name] = w
+            require_same_device(kernel, qkv=qkv, **{name: w})
     require_float(kernel, "qkv", qkv)
     require_inner_contiguous(kernel, "qkv", qkv)
-    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        require(pool.dtype == qkv.dtype and pool.is_contiguous(), kernel,
-                f"{name} must be contiguous {qkv.dtype}, got {pool.dtype} with strides {tuple(pool.stride())}")
-    for name, table in (("cos_table", cos_table), ("sin_table", sin_table)):
-        require(table.dim() == 2 and table.shape[1] == d and table.dtype == torch.float32 and table.stride(1) == 1,
-                kernel, f"{name} must be float32 [positions, {d}], got {tuple(table.shape)} {table.dtype}")
-    for name, index in (("positions", positions), ("write_index", write_index)):
-        require(tuple(index.shape) == (b, nq) and index.dtype == torch.int64, kernel,
-                f"{name} must be int64 [{b}, {nq}], got {tuple(index.shape)} {index.dtype}")
-    require_same_device(kernel, **tensors)
     x3 = _lead_view(qkv, 1)
     q = torch.empty((b, nq, num_heads, d), dtype=qkv.dtype, device=qkv.device)
     norm = q_norm if q_norm is not None else q
@@ -363,4 +373,4 @@ def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | Non
     return q
 
 
-__all__ = ["rms_norm", "add_rms_norm", "silu", "silu_mul", "qkv_rope_write"]
+__all__ = ["add_rms_norm", "check_rope_targets", "qkv_rope_write", "rms_norm", "silu", "silu_mul"]

@@ -43,7 +43,7 @@ from ._common import (
     pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count, start_next_kernel_early,
     wait_for_inputs,
 )
-from .elementwise import _rotate_half, qkv_rope_write, silu, silu_mul
+from .elementwise import _rotate_half, check_rope_targets, qkv_rope_write, silu, silu_mul
 
 MAX_ROWS = 8
 PRELOAD_TILES = 1  # GemvConfig.preload_tiles of the batch-1 default
@@ -372,25 +372,12 @@ def linear_qkv_rope_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
     require(x.dim() == 3, kernel, f"x must be [B, Q, K], got {tuple(x.shape)}")
     rows, cfg = _prepare(kernel, x, w, bias, config)
     b, nq, _ = x.shape
-    require(k_pool.dim() == 4 and k_pool.shape == v_pool.shape, kernel,
-            f"k_pool and v_pool must be the same [pages, P, Hkv, D], got {tuple(k_pool.shape)} and "
-            f"{tuple(v_pool.shape)}")
-    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    hkv, d = check_rope_targets(kernel, x, cos_table, sin_table, positions, write_index, k_pool, v_pool)
     require(w.shape[0] == (num_heads + 2 * hkv) * d, kernel,
             f"qkv weight rows {w.shape[0]} are not (H={num_heads} + 2*Hkv={hkv}) * D={d}")
     require(fuses_qkv_rope(x, w, d, cfg), kernel,
             f"needs bf16, no K split and head_dim / 2 a multiple of block_n / 2, got {x.dtype}, {cfg}, D={d}")
-    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        require(pool.dtype == x.dtype and pool.is_contiguous(), kernel,
-                f"{name} must be contiguous {x.dtype}, got {pool.dtype} with strides {tuple(pool.stride())}")
-    for name, table in (("cos_table", cos_table), ("sin_table", sin_table)):
-        require(table.dim() == 2 and table.shape[1] == d and table.dtype == torch.float32 and table.stride(1) == 1,
-                kernel, f"{name} must be float32 [positions, {d}], got {tuple(table.shape)} {table.dtype}")
-    for name, index in (("positions", positions), ("write_index", write_index)):
-        require(tuple(index.shape) == (b, nq) and index.dtype == torch.int64 and index.is_contiguous(), kernel,
-                f"{name} must be contiguous int64 [{b}, {nq}], got {tuple(index.shape)} {index.dtype}")
-    require_same_device(kernel, x=x, cos_table=cos_table, sin_table=sin_table, positions=positions,
-                        write_index=write_index, k_pool=k_pool, v_pool=v_pool)
+    positions, write_index = positions.reshape(-1), write_index.reshape(-1)  # [B * Q] rows, as x's
     q = torch.empty((b, nq, num_heads, d), dtype=x.dtype, device=x.device)
     _launch(rows, w, bias, q, cfg, epilogue=2, outputs=w.shape[0],
             rope=(cos_table, sin_table, positions, write_index, k_pool, v_pool, num_heads, hkv, d // 2))
@@ -489,8 +476,7 @@ def linear_qkv_rope_write(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
     """:func:`flare.model.decoder.linear_qkv_rope_write`: one launch on the small-batch path
     (no q/k norm: Qwen3's needs whole heads), else the GEMM and ``qkv_rope_write``."""
     args = (cos_table, sin_table, positions, write_index, k_pool, v_pool)
-    if q_norm is None and _routes_small_m(x, w) and x.dim() == 3 and fuses_qkv_rope(x, w, k_pool.shape[-1]) \
-            and positions.is_contiguous() and write_index.is_contiguous():
+    if q_norm is None and _routes_small_m(x, w) and x.dim() == 3 and fuses_qkv_rope(x, w, k_pool.shape[-1]):
         return linear_qkv_rope_small_m(x, w, bias, num_heads, *args)
     return qkv_rope_write(linear(x, w, bias), num_heads, q_norm, k_norm, eps, *args)
 

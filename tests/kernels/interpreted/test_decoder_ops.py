@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache
+from flare.model.checkpoint import random_runtime_weights
 from flare.model.decoder import Decoder, DecoderOps, cuda_ops
 from flare.model.spec import ModelSpec
 
@@ -25,23 +26,7 @@ def _spec(family: str) -> ModelSpec:
 
 
 def _weights(spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=0.2):
-        return scale * torch.randn(*shape, generator=gen)
-
-    h, d, width = spec.hidden_size, spec.head_dim, spec.q_size + 2 * spec.kv_size
-    w = {"embed": rnd(spec.vocab_size, h, scale=1.0), "norm": 1 + rnd(h), "lm_head": rnd(spec.vocab_size, h)}
-    for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        w |= {p + "attn_norm": 1 + rnd(h), p + "qkv": rnd(width, h), p + "o": rnd(h, spec.q_size),
-              p + "mlp_norm": 1 + rnd(h), p + "gate_up": rnd(2 * spec.intermediate_size, h),
-              p + "down": rnd(h, spec.intermediate_size)}
-        if spec.qkv_bias:
-            w[p + "qkv_bias"] = rnd(width)
-        if spec.qk_norm:
-            w |= {p + "q_norm": 1 + rnd(d), p + "k_norm": 1 + rnd(d)}
-    return w
+    return random_runtime_weights(spec, scale=0.2, seed=seed)
 
 
 def _batch(table: torch.Tensor, start: list[int], q_len: int) -> AttentionBatch:
