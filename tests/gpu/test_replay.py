@@ -288,21 +288,32 @@ def record_release(owner: Owner, counter: torch.Tensor) -> dict:
     return seen
 
 
-def test_close_drains_before_releasing_the_owner():
+def busy_watched_worker(what: str):
+    """A worker that alone holds its owner, whose release is watched, with two submissions
+    of about 100 ms each still running. -> (worker, seen, released, repetitions)"""
     slow, counter, tensors, repetitions = slow_graph(target_ms=100)
     owner = Owner(graph=slow, tensors=tensors)
     seen = record_release(owner, counter)
-    alive = weakref.ref(owner)
+    released = weakref.ref(owner)
     worker = worker_for(owner, [slow], [counter, *tensors])
     del owner
     worker.submit(0, repetitions)
     worker.submit(0, repetitions)
-    assert worker.ready < 2, "the work must still be running when close() starts"
-    worker.close()
-    assert alive() is None, "close() must release the owner"
+    assert worker.ready < 2, f"the work must still be running when {what}"
+    return worker, seen, released, repetitions
+
+
+def assert_released_after_the_drain(seen, released, repetitions: int, by: str) -> None:
+    assert released() is None, f"{by} must release the owner after draining"
     assert seen["counter"] == 2 * repetitions, (
         f"the owner was released with the device counter at {seen['counter']}, "
         f"before the queued {2 * repetitions} launches drained")
+
+
+def test_close_drains_before_releasing_the_owner():
+    worker, seen, released, repetitions = busy_watched_worker("close() starts")
+    worker.close()
+    assert_released_after_the_drain(seen, released, repetitions, "close()")
     assert worker.drained
     assert [c.launched for c in (next_completion(worker, "first"), next_completion(worker, "second"))] == \
         [repetitions, repetitions]
@@ -312,21 +323,10 @@ def test_close_drains_before_releasing_the_owner():
 
 
 def test_destructor_drains_before_releasing_the_owner():
-    slow, counter, tensors, repetitions = slow_graph(target_ms=100)
-    owner = Owner(graph=slow, tensors=tensors)
-    seen = record_release(owner, counter)
-    alive = weakref.ref(owner)
-    worker = worker_for(owner, [slow], [counter, *tensors])
-    del owner
-    worker.submit(0, repetitions)
-    worker.submit(0, repetitions)
-    assert worker.ready < 2, "the work must still be running when the worker is dropped"
+    worker, seen, released, repetitions = busy_watched_worker("the worker is dropped")
     del worker
     gc.collect()
-    assert alive() is None, "the destructor must release the owner after draining"
-    assert seen["counter"] == 2 * repetitions, (
-        f"the owner was released with the device counter at {seen['counter']}, "
-        f"before the queued {2 * repetitions} launches drained")
+    assert_released_after_the_drain(seen, released, repetitions, "the destructor")
 
 
 # -- failures --------------------------------------------------------------------------------------------
