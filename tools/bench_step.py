@@ -142,25 +142,31 @@ def profile(graph: torch.cuda.CUDAGraph, out: Path | None, replays: int = 5) -> 
 
 
 VARIANTS = {
-    # name: (pdl mode, PDL level, batch-1 GEMV preload tiles, unfused epilogues, max decode context splits)
-    "serving": ("on", 2, 1, (), 16),
-    "pdl1": ("on", 1, 1, (), 16),
-    "no_pdl": ("off", 1, 1, (), 16),
-    "unfused_silu": ("on", 2, 1, ("silu",), 16),
-    "unfused_rope": ("on", 2, 1, ("rope",), 16),
-    "unfused": ("on", 2, 1, ("silu", "rope"), 16),
-    "preload2": ("on", 2, 2, (), 16),
-    "splits4": ("on", 2, 1, (), 4),
+    # name: (pdl mode, PDL level, batch-1 GEMV preload tiles, unfused epilogues, max decode context
+    # splits, context-split merge inside the attention kernel)
+    "serving": ("on", 2, 1, (), 16, False),
+    "pdl1": ("on", 1, 1, (), 16, False),
+    "no_pdl": ("off", 1, 1, (), 16, False),
+    "unfused_silu": ("on", 2, 1, ("silu",), 16, False),
+    "unfused_rope": ("on", 2, 1, ("rope",), 16, False),
+    "unfused": ("on", 2, 1, ("silu", "rope"), 16, False),
+    "preload2": ("on", 2, 2, (), 16, False),
+    "splits4": ("on", 2, 1, (), 4, False),
+    "merge_in_kernel": ("on", 2, 1, (), 16, True),
 }
+
+
+SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
 
 def apply_variant(name: str, decoder: Decoder) -> None:
     """Set the kernel switches and the decoder ops of a named variant (before capture)."""
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
-    mode, level, preload, unfused, splits = VARIANTS[name]
+    mode, level, preload, unfused, splits, merge = VARIANTS[name]
     _common.pdl_mode, _common.PDL_AUTO_LEVEL, gemv.PRELOAD_TILES = mode, level, preload
     attention.MAX_SPLITS = splits
+    attention.DECODE_LAUNCH = replace(SERVING_DECODE_LAUNCH, merge_in_kernel=merge)
     ops = cuda_ops()
     if "silu" in unfused:
         ops = replace(ops, linear_silu=lambda x, w: kernels.silu_mul(kernels.linear(x, w)))

@@ -8,6 +8,7 @@ kernel, the case and the error, so a failure read from a log is enough to act on
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ pytest.importorskip("triton")
 
 from flare.model import decoder, layers  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
-    GemvConfig, _common, add_rms_norm, choose_num_splits, linear, linear_float, linear_qkv_rope_write, linear_silu,
+    DECODE_LAUNCH, GemvConfig, _common, add_rms_norm, choose_num_splits, linear, linear_float, linear_qkv_rope_write, linear_silu,
     linear_small_m, paged_attention, paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm,
     silu_mul,
 )
@@ -228,6 +229,25 @@ def test_attention_graph_replay(b, q_len):
         graph.replay()
         torch.cuda.synchronize()
         check_attention(f"paged_attention replay {step}", out, case)
+
+
+@pytest.mark.parametrize("b", [1, 8, 64])
+def test_decode_merge_in_kernel_graph_replay(b):
+    """The context-split merge done by the last split (counters, fence, acq_rel count) gives
+    the merge kernel's output bit for bit on every replay of one graph, as lengths change."""
+    lens = [4000 + 50 * i for i in range(b)]
+    case = build_case(kv_lens=lens, q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
+                      dtype=torch.bfloat16, device=DEV, seed=12, spare_pages=64 * b)
+    merge = replace(DECODE_LAUNCH, merge_in_kernel=True)
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    assert choose_num_splits(b, HKV, 1, PMAX, DEV) > 1, "the case must split the context"
+    graph, out = capture(lambda: paged_decode_attention(*args, launch=merge))
+    for step, new_lens in enumerate([[8000 - 100 * i for i in range(b)], [65 + i for i in range(b)], lens]):
+        _refill_case(case, new_lens, seed=40 + step)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, paged_decode_attention(*args)), f"B={b} replay {step}: differs from the merge kernel"
+        check_attention(f"merge in kernel B={b} replay {step}", out, case)
 
 
 def test_elementwise_and_gemv_graph_replay():

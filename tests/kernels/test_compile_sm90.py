@@ -11,6 +11,7 @@ cubin for sm_90 by Triton's own compiler and ptxas, which need no device.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -142,12 +143,20 @@ def test_attention_kernels_compile_for_sm90(launches):
                         max_pages=12, dtype=torch.bfloat16)
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale)
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, num_splits=1)
+    merge = replace(kernels.DECODE_LAUNCH, merge_in_kernel=True)
+    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=merge)
     prefill = build_case(kv_lens=[300, 90], q_len=128, num_heads=32, num_kv_heads=8, head_dim=128,
                          max_pages=6, dtype=torch.bfloat16, num_new=[128, 90])
     kernels.paged_prefill_attention(prefill.q, prefill.k_pool, prefill.v_pool, prefill.batch, prefill.scale)
     assert isinstance(prefill.batch, AttentionBatch)
-    names = _compile_all(launches)
+    ptx: dict[str, list[str]] = {}
+    names = _compile_all(launches, ptx)
     assert len(names) >= 2, names
+    # The in-kernel merge: every thread fences its partials, one device-scope acq_rel count,
+    # and the last split reads the partials from L2.
+    merging = [text for text in ptx["_paged_attention_kernel"] if "atom.global.gpu.acq_rel.add" in text]
+    assert merging and all("fence.acq_rel.gpu" in text and "ld.global.cg" in text for text in merging), \
+        "the in-kernel merge lost its fence, its ordered count or its L2 reads"
 
 
 def test_greedy_sampling_kernels_compile_for_sm90(launches):

@@ -41,8 +41,8 @@ import triton.language as tl
 from ...config import PAGE_TOKENS
 from ..attention import AttentionBatch, fresh_sdpa_attention
 from ._common import (
-    dot_precision, next_power_of_2, pdl_level, pdl_options, require, require_float, require_inner_contiguous,
-    require_same_device, sm_count, wait_for_inputs,
+    dot_precision, fence_device, next_power_of_2, pdl_level, pdl_options, require, require_float,
+    require_inner_contiguous, require_same_device, sm_count, wait_for_inputs,
 )
 
 MAX_SPLITS = 16
@@ -64,7 +64,7 @@ NEG_BIG = tl.constexpr(-1.0e30)
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
     positions_ptr, page_table_ptr, kv_lens_ptr,
     qk_scale, batch_size, num_queries, num_heads, max_pages, num_pool_pages,
     s_qb, s_qq, s_qh,
@@ -74,8 +74,11 @@ def _paged_attention_kernel(
     s_pb, s_pq, s_tb,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PDL: tl.constexpr,
 ):
+    # MERGE_IN_KERNEL (with NUM_SPLITS > 1): the last split of a (row, kv head, block) to
+    # finish merges the partials itself (counter_ptr counts finished splits), instead of
+    # the separate merge kernel.
     wait_for_inputs(PDL)
     block = tl.program_id(0)
     pair = tl.program_id(1)
@@ -148,6 +151,44 @@ def _paged_attention_kernel(
         tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], out, mask=store_ok)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), NEG_BIG)
         tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
+        if MERGE_IN_KERNEL:
+            # Every thread's partial stores are made visible at device scope before the
+            # count (the threadfence-reduction pattern); the last split reads the others'
+            # partials from L2 (.cg), never from a stale L1 line.
+            fence_device()
+            tl.debug_barrier()
+            counter = counter_ptr + block * (batch_size * NUM_KV_HEADS) + pair
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                num_rows = batch_size * num_queries * num_heads
+                flat = (b * num_queries + token) * num_heads + head
+                merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
+                                         NUM_SPLITS, HEAD_DIM, ".cg")
+                tl.store(out_ptr + b * s_ob + token[:, None] * s_oq + head[:, None] * s_oh + dims[None, :],
+                         merged.to(out_ptr.dtype.element_ty), mask=store_ok)
+                tl.atomic_xchg(counter, 0)  # ready for the next launch
+
+
+@triton.jit
+def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask,
+                    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):
+    """The merged output of flat (b, token, head) ``rows`` from the splits' normalised
+    partials [S, rows, D] and log-sum-exps [S, rows], in split order."""
+    lse_max = tl.full(rows.shape, NEG_BIG, dtype=tl.float32)
+    for split in tl.static_range(NUM_SPLITS):
+        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + split * num_rows + rows, mask=row_ok, other=NEG_BIG,
+                                              cache_modifier=CACHE))
+    # The split holding the maximum weighs 1, so the denominator is never 0 (all
+    # splits empty: every weight is 1 and every partial is 0).
+    weight_sum = tl.zeros(rows.shape, dtype=tl.float32)
+    acc = tl.zeros([rows.shape[0], dims.shape[0]], dtype=tl.float32)
+    for split in tl.static_range(NUM_SPLITS):
+        lse = tl.load(part_lse_ptr + split * num_rows + rows, mask=row_ok, other=NEG_BIG, cache_modifier=CACHE)
+        weight = tl.exp2(lse - lse_max)
+        part = tl.load(part_o_ptr + (split * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :],
+                       mask=mask, other=0.0, cache_modifier=CACHE)
+        weight_sum += weight
+        acc += part * weight[:, None]
+    return acc / weight_sum[:, None]
 
 
 @triton.jit
@@ -166,24 +207,26 @@ def _merge_splits_kernel(
     b = rows // (num_heads * num_queries)
     dims = tl.arange(0, BLOCK_D)
     mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-
-    lse_max = tl.full([BLOCK_R], NEG_BIG, dtype=tl.float32)
-    for split in tl.static_range(NUM_SPLITS):
-        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + split * num_rows + rows, mask=row_ok, other=NEG_BIG))
-    # The split holding the maximum weighs 1, so the denominator is never 0 (all
-    # splits empty: every weight is 1 and every partial is 0).
-    weight_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for split in tl.static_range(NUM_SPLITS):
-        lse = tl.load(part_lse_ptr + split * num_rows + rows, mask=row_ok, other=NEG_BIG)
-        weight = tl.exp2(lse - lse_max)
-        part = tl.load(part_o_ptr + (split * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :],
-                       mask=mask, other=0.0)
-        weight_sum += weight
-        acc += part * weight[:, None]
-    out = acc / weight_sum[:, None]
+    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, NUM_SPLITS, HEAD_DIM, "")
     tl.store(out_ptr + (b * s_ob + token * s_oq + head * s_oh)[:, None] + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# Finished-split counters of the in-kernel merge, per device. Each launch leaves them at
+# zero. A larger set replaces a smaller one, which stays alive (graphs captured with it
+# still point at it); none is ever allocated inside a graph capture.
+_COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor | None:
+    """Zeroed int32 counters, at least ``needed``; None inside a capture that would need new ones."""
+    held = _COUNTERS.setdefault((device.type, device.index), [])
+    if held and held[-1].numel() >= needed:
+        return held[-1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    held.append(torch.zeros(max(needed, 1024), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, num_query_blocks: int, max_pages: int,
@@ -213,6 +256,9 @@ class AttentionLaunch:
     num_warps: int = 4
     num_stages: int = 3
     waves: int = DECODE_WAVES
+    # With context splits: the last split to finish merges the partials (one launch less)
+    # instead of the merge kernel. Off until measured on the GPU (tools/bench_step.py).
+    merge_in_kernel: bool = False
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -270,6 +316,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         num_splits = choose_num_splits(b, hkv, num_blocks, max_pages, q.device, waves=launch.waves)
     require(1 <= num_splits <= MAX_SPLITS, kernel, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
+    counters = _counters(q.device, num_blocks * b * hkv) if num_splits > 1 and launch.merge_in_kernel else None
     if num_splits > 1:
         part_o = torch.empty((num_splits, b, nq, h, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, b, nq, h), dtype=torch.float32, device=q.device)
@@ -279,7 +326,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     pos, table = batch.positions, batch.page_table
     pdl = pdl_level(q)
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
-        q, k_pool, v_pool, out, part_o, part_lse,
+        q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out,
         pos, table, batch.kv_lens,
         float(scale) * LOG2_E, b, nq, h, max_pages, num_pages,
         q.stride(0), q.stride(1), q.stride(2),
@@ -289,10 +336,10 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         pos.stride(0), pos.stride(1), table.stride(0),
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
         PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
-        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), PDL=pdl,
+        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None, PDL=pdl,
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
     )
-    if num_splits > 1:
+    if num_splits > 1 and counters is None:
         rows = b * nq * h
         block_r = MERGE_ROWS
         _merge_splits_kernel[(triton.cdiv(rows, block_r),)](
@@ -306,27 +353,30 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
                            scale: float, *, num_splits: int | None = None,
-                           launch: AttentionLaunch = DECODE_LAUNCH) -> torch.Tensor:
+                           launch: AttentionLaunch | None = None) -> torch.Tensor:
     """Decode attention, q ``[B, 1, H, D]`` -> ``[B, 1, H, D]`` (flash-decoding).
 
     One program per (row, kv head, split) holds all ``H / Hkv`` query heads of the
     group, padded to 16 rows for the tensor-core dot. ``num_splits`` overrides the
-    static heuristic (:func:`choose_num_splits`); ``launch`` the launch shape.
+    static heuristic (:func:`choose_num_splits`); ``launch`` the launch shape (default
+    DECODE_LAUNCH, read at call time).
     """
     require(q.dim() == 4 and q.shape[1] == 1, "paged_decode_attention", f"q must be [B, 1, H, D], got {tuple(q.shape)}")
-    return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale, launch=launch, num_splits=num_splits)
+    return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale, launch=launch or DECODE_LAUNCH,
+                   num_splits=num_splits)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
                             scale: float, *, num_splits: int | None = None,
-                            launch: AttentionLaunch = PREFILL_LAUNCH) -> torch.Tensor:
+                            launch: AttentionLaunch | None = None) -> torch.Tensor:
     """Chunked-prefill attention, q ``[B, Q, H, D]`` -> ``[B, Q, H, D]``.
 
     Causal by absolute position over the cached prefix and this chunk (whose K/V
     are already in the pool). Query rows are (token, group head) pairs in blocks of
     ``launch.block_m``; keys stream ``launch.pages_per_step`` pages per step.
     """
-    return _launch("paged_prefill_attention", q, k_pool, v_pool, batch, scale, launch=launch, num_splits=num_splits)
+    return _launch("paged_prefill_attention", q, k_pool, v_pool, batch, scale, launch=launch or PREFILL_LAUNCH,
+                   num_splits=num_splits)
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,

@@ -39,6 +39,27 @@ def test_decode_head_layouts(heads, kv_heads, head_dim):
     check_attention("paged_decode_attention", out, case)
 
 
+@pytest.mark.parametrize("num_splits", [3, MAX_SPLITS], ids=["splits3", "splits16"])
+def test_decode_merge_in_kernel_matches_the_merge_kernel(num_splits):
+    """The last split merging the partials itself gives the merge kernel's output bit for
+    bit (same helper, same split order), with empty splits and padding rows, and leaves
+    its counters at zero for the next launch."""
+    from dataclasses import replace
+
+    from flare.model.kernels import DECODE_LAUNCH
+    from flare.model.kernels.attention import _COUNTERS
+
+    case = build_case(kv_lens=[3, 0, 190, 250], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
+                      max_pages=4, dtype=torch.bfloat16, seed=4, padding_rows=(1,))
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    want = paged_decode_attention(*args, num_splits=num_splits)
+    for _ in range(2):  # a second launch finds the counters reset
+        got = paged_decode_attention(*args, num_splits=num_splits, launch=replace(DECODE_LAUNCH, merge_in_kernel=True))
+        assert torch.equal(got, want)
+    check_attention("paged_decode_attention (merge in kernel)", got, case)
+    assert all(int(t.abs().sum()) == 0 for held in _COUNTERS.values() for t in held), "counters must return to zero"
+
+
 def test_decode_more_splits_than_pages_and_padding_rows():
     # 16 splits over rows of 1-3 pages: most splits are empty and must weigh nothing.
     case = build_case(kv_lens=[3, 0, 190, 0], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32,
