@@ -59,6 +59,7 @@ def silu(g):
 _NORM_TILE = 4096
 _MAX_NORM_WIDTH = 65536
 _SILU_BLOCK = 1024
+NORM_WARPS_WIDE = 8  # warps of a norm program holding 4,096+ elements (tools/bench_step.py varies it)
 
 
 @triton.jit
@@ -249,7 +250,8 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
             x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
             HAS_RESIDUAL=res is not None, HAS_VARIANCE=variance is not None,
             SQUARES_ONLY=squares is not None, BLOCK_R=block_r, BLOCK_N=block_n, PDL=pdl,
-            num_warps=8 if block_n * block_r >= 4096 else 4, enable_fp_fusion=False, **pdl_options(pdl),
+            num_warps=NORM_WARPS_WIDE if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
+            **pdl_options(pdl),
         )
 
     if not is_prefill_chunk(x):
