@@ -46,6 +46,9 @@ from ._common import (
 from .elementwise import _rotate_half, check_rope_targets, qkv_rope_write, silu, silu_mul
 
 MAX_ROWS = 8
+# Epilogues of the GEMV kernel (its EPILOGUE argument), and their kernel-side constants.
+EPILOGUE_PLAIN, EPILOGUE_GLU, EPILOGUE_ROPE = 0, 1, 2
+_GLU, _ROPE = tl.constexpr(EPILOGUE_GLU), tl.constexpr(EPILOGUE_ROPE)
 PRELOAD_TILES = 1  # GemvConfig.preload_tiles of the batch-1 default
 _MODES = {"fma": 0, "dot": 1, "swap": 2}
 
@@ -95,7 +98,7 @@ def _accumulate(acc, w, x, MODE: tl.constexpr):
 @triton.jit
 def _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
                  BLOCK_N: tl.constexpr, HALF: tl.constexpr):
-    """The program's RoPE table entries and write indices (EPILOGUE 2), loaded before the
+    """The program's RoPE table entries and write indices (the ROPE epilogue), loaded before the
     K loop so their latency hides under the weight stream."""
     j = (pid_n * (BLOCK_N // 2)) % HALF + tl.arange(0, BLOCK_N // 2)
     mask = m_ok[:, None] & (j < HALF)[None, :]
@@ -114,7 +117,7 @@ def _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos
 def _rope_epilogue(result, pid_n, offs_m, m_ok, q_ptr, k_pool_ptr, v_pool_ptr, slot, c1, c2, s1, s2,
                    num_heads, num_kv, dtype: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HALF: tl.constexpr):
-    """decoder.qkv_rope_write for one program's rotation pairs (see EPILOGUE 2).
+    """decoder.qkv_rope_write for one program's rotation pairs (the ROPE epilogue).
 
     result: [BLOCK_M, BLOCK_N] fp32, lanes alternating the first and second half of
     each pair. q rows go to q_ptr ([M, heads, 2 * HALF]), k and v rows into the pools
@@ -155,9 +158,9 @@ def _linear_small_m_kernel(
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
     PRELOAD: tl.constexpr,
 ):
-    # EPILOGUE: 0 store x @ w.T (+ bias); 1 (GLU) silu(gate) * up; 2 (ROPE) the qkv
+    # EPILOGUE: PLAIN stores x @ w.T (+ bias); GLU silu(gate) * up; ROPE the qkv
     # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
-    # arguments (cos_ptr .. num_kv, HALF) are read only by EPILOGUE 2.
+    # arguments (cos_ptr .. num_kv, HALF) are read only by ROPE.
     start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -165,14 +168,14 @@ def _linear_small_m_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     lane = tl.arange(0, BLOCK_N)
-    if EPILOGUE == 1:
+    if EPILOGUE == _GLU:
         # N outputs silu(gate) * up from a [2N, K] weight: the program's weight rows
         # alternate gate row j and up row N + j, so it holds both factors of BLOCK_N // 2
         # outputs.
         cols = pid_n * (BLOCK_N // 2) + lane // 2
         n_ok = cols < N
         w_index = cols + (lane % 2) * N
-    elif EPILOGUE == 2:
+    elif EPILOGUE == _ROPE:
         # Rotation pairs (dims j and j + HALF of one head) of the [heads * 2 * HALF, K]
         # qkv weight: the program's rows alternate the two halves of BLOCK_N // 2 pairs,
         # all of one head (HALF is a multiple of BLOCK_N // 2).
@@ -211,7 +214,7 @@ def _linear_small_m_kernel(
             _, x_second = _load_tile(w_rows, x_rows, ks + BLOCK_K, k_stop, n_ok, m_ok, EVEN_N, False)
             acc = _accumulate(acc, w_second, x_second, MODE)
             first += BLOCK_K
-    if EPILOGUE == 2:  # after the wait: the step's own torch ops wrote these
+    if EPILOGUE == _ROPE:  # after the wait: the step's own torch ops wrote these
         slot, c1, c2, s1, s2 = _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
                                             BLOCK_N, HALF)
     for k in range(first, k_stop, BLOCK_K):
@@ -227,12 +230,12 @@ def _linear_small_m_kernel(
     if SPLIT_K > 1:
         tl.store(part_ptr + (split * M + offs_m[:, None]) * N + w_index[None, :], result,
                  mask=m_ok[:, None] & n_ok[None, :])
-    elif EPILOGUE == 2:
+    elif EPILOGUE == _ROPE:
         if HAS_BIAS:
             result += tl.load(bias_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         _rope_epilogue(result, pid_n, offs_m, m_ok, out_ptr, k_pool_ptr, v_pool_ptr, slot, c1, c2, s1, s2,
                        num_heads, num_kv, x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, HALF)
-    elif EPILOGUE == 1:
+    elif EPILOGUE == _GLU:
         # layers.silu_mul over the rounded projections (silu rounds before the product).
         rounded = result.to(x_ptr.dtype.element_ty).to(tl.float32)
         gate, up = tl.split(tl.reshape(rounded, [BLOCK_M, BLOCK_N // 2, 2]))
@@ -325,7 +328,7 @@ def linear_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     require(out_dtype is None or out_dtype in (x.dtype, torch.float32), kernel,
             f"out_dtype must be x's dtype or float32, got {out_dtype}")
     out = torch.empty((rows.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
-    _launch(rows, w, bias, out, cfg, epilogue=0, outputs=w.shape[0])
+    _launch(rows, w, bias, out, cfg, epilogue=EPILOGUE_PLAIN, outputs=w.shape[0])
     return out.view(*x.shape[:-1], w.shape[0])
 
 
@@ -341,7 +344,7 @@ def linear_silu_small_m(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig 
     require(w.shape[0] % 2 == 0 and cfg.split_k == 1 and cfg.block_n % 2 == 0, kernel,
             f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
     out = torch.empty((rows.shape[0], inter), dtype=x.dtype, device=x.device)
-    _launch(rows, w, None, out, cfg, epilogue=1, outputs=inter)
+    _launch(rows, w, None, out, cfg, epilogue=EPILOGUE_GLU, outputs=inter)
     return out.view(*x.shape[:-1], inter)
 
 
@@ -379,7 +382,7 @@ def linear_qkv_rope_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
             f"needs bf16, no K split and head_dim / 2 a multiple of block_n / 2, got {x.dtype}, {cfg}, D={d}")
     positions, write_index = positions.reshape(-1), write_index.reshape(-1)  # [B * Q] rows, as x's
     q = torch.empty((b, nq, num_heads, d), dtype=x.dtype, device=x.device)
-    _launch(rows, w, bias, q, cfg, epilogue=2, outputs=w.shape[0],
+    _launch(rows, w, bias, q, cfg, epilogue=EPILOGUE_ROPE, outputs=w.shape[0],
             rope=(cos_table, sin_table, positions, write_index, k_pool, v_pool, num_heads, hkv, d // 2))
     return q
 
@@ -409,7 +412,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
     part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=rows.device) if cfg.split_k > 1 else out
     bias_arg = bias if bias is not None else out
     block_m = 1 if cfg.mode == "fma" else 16
-    per_program = cfg.block_n // 2 if epilogue == 1 else cfg.block_n
+    per_program = cfg.block_n // 2 if epilogue == EPILOGUE_GLU else cfg.block_n
     if rope is not None:
         cos, sin, pos, widx, k_pool, v_pool, num_heads, num_kv, half = rope
         rope_args = (cos, sin, pos, widx, k_pool, v_pool)
@@ -425,7 +428,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
         PDL=pdl, PRELOAD=cfg.preload_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE rounds each product before its sum: no multiply-add contraction there.
-        **({"enable_fp_fusion": False} if epilogue == 2 else {}), **pdl_options(pdl),
+        **({"enable_fp_fusion": False} if epilogue == EPILOGUE_ROPE else {}), **pdl_options(pdl),
     )
     if cfg.split_k > 1:
         block = 1024
