@@ -24,35 +24,19 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    INTERPRETED, next_power_of_2, pdl_level, pdl_options, require, require_float, require_inner_contiguous,
+    next_power_of_2, pdl_level, pdl_options, require, require_float, require_inner_contiguous,
     require_same_device, wait_for_inputs,
 )
 
-# torch's CUDA kernels call the CUDA math library's expf and rsqrtf; libdevice holds the
-# same functions. (The interpreter has no libdevice; its numpy math is accurate anyway.)
-_LIBDEVICE = tl.constexpr(not INTERPRETED)
-
-
-@triton.jit
-def _exp(x):
-    if _LIBDEVICE:
-        return libdevice.exp(x)
-    else:
-        return tl.exp(x)
-
-
-@triton.jit
-def _rsqrt(x):
-    if _LIBDEVICE:
-        return libdevice.rsqrt(x)
-    else:
-        return tl.rsqrt(x)
+# exp and rsqrt come from libdevice: torch's CUDA kernels call the CUDA math library's
+# expf and rsqrtf, which libdevice holds. (Under the interpreter, tests/kernels'
+# compatibility shim maps them to NumPy's, accurate anyway.)
 
 
 @triton.jit
 def silu(g):
     """F.silu of float32 ``g`` as torch's CUDA kernel computes it: x / (1 + exp(-x)), divided exactly."""
-    return tl.math.div_rn(g, 1.0 + _exp(-g))
+    return tl.math.div_rn(g, 1.0 + libdevice.exp(-g))
 
 
 # Elements a norm program keeps in registers: whole rows, several at a time when short.
@@ -93,9 +77,9 @@ def _rms_norm_kernel(
         tl.store(var_ptr + out_offs, xf * xf, mask=mask)
     else:
         if HAS_VARIANCE:  # the mean of squares, as torch reduced it
-            rstd = _rsqrt(tl.load(var_ptr + rows, mask=row_ok, other=1.0) + eps)
+            rstd = libdevice.rsqrt(tl.load(var_ptr + rows, mask=row_ok, other=1.0) + eps)
         else:
-            rstd = _rsqrt(tl.sum(xf * xf, axis=1) * inv_width + eps)
+            rstd = libdevice.rsqrt(tl.sum(xf * xf, axis=1) * inv_width + eps)
         normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)  # layers.rms_norm casts before the weight
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + out_offs, (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
@@ -159,7 +143,7 @@ def _qkv_rope_write_kernel(
     is_q = head < num_heads
     if HAS_NORM:
         # layers.rms_norm: fp32 statistics, cast to the activation dtype, then the weight.
-        rstd = _rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d + eps)
+        rstd = libdevice.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d + eps)
         if is_q:
             w1 = tl.load(qn_ptr + cols, mask=ok, other=0.0).to(tl.float32)
             w2 = tl.load(qn_ptr + half + cols, mask=ok, other=0.0).to(tl.float32)

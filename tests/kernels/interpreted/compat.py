@@ -7,6 +7,8 @@ Applied only inside the interpreter subprocess (see tests/kernels/test_interpret
 2. bf16 values are stored as uint16 and ``tl.dot`` multiplies that storage as
    integers; the GPU multiplies bf16 exactly into fp32, so widen first.
 3. fp32 -> bf16 casts truncate; the GPU rounds to nearest even.
+4. libdevice has no interpreter implementation; the kernels call its exp and rsqrt (the
+   functions torch's CUDA kernels use). NumPy's, through tl.exp and tl.rsqrt, stand in.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import triton.language as tl
+from triton.language.extra import libdevice
 from triton.runtime import interpreter
 
 
@@ -64,3 +67,7 @@ def install() -> None:
         return cast_impl(self, src, dst_type)
 
     builder.cast_impl = _cast_impl  # create_fp_ext / create_fp_trunc dispatch through it
+
+    # Called while the interpreter has tl's builtins patched (a kernel is running).
+    libdevice.exp = lambda x: tl.exp(x)
+    libdevice.rsqrt = lambda x: tl.rsqrt(x)
