@@ -71,17 +71,19 @@ class GemvConfig:
 
 
 @triton.jit
-def _load_tile(w_rows, x_rows, ks, k_stop, n_ok, m_ok, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
-    """The weight tile [BLOCK_N, BLOCK_K] and the x tile [BLOCK_M, BLOCK_K] at columns ``ks``."""
+def _load_w(w_rows, ks, k_stop, n_ok, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """The weight tile [BLOCK_N, BLOCK_K] at columns ``ks``."""
     if EVEN_N and EVEN_K:
-        w = tl.load(w_rows + ks[None, :])
-    else:
-        w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
+        return tl.load(w_rows + ks[None, :])
+    return tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
+
+
+@triton.jit
+def _load_x(x_rows, ks, k_stop, m_ok, EVEN_K: tl.constexpr):
+    """The x tile [BLOCK_M, BLOCK_K] at columns ``ks``."""
     if EVEN_K:
-        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
-    else:
-        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
-    return w, x
+        return tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
+    return tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
 
 
 @triton.jit
@@ -203,23 +205,22 @@ def _linear_small_m_kernel(
         # Weights are never written during a step: the first weight tiles stream in
         # while the previous kernel finishes, x (its output) is read after the wait.
         ks = k_start + offs_k
-        w_first, _ = _load_tile(w_rows, x_rows, ks, k_stop, n_ok, m_ok, EVEN_N, EVEN_K)
+        w_first = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         if PRELOAD == 2:  # masked: the range may hold one tile
-            w_second, _ = _load_tile(w_rows, x_rows, ks + BLOCK_K, k_stop, n_ok, m_ok, EVEN_N, False)
+            w_second = _load_w(w_rows, ks + BLOCK_K, k_stop, n_ok, EVEN_N, False)
         wait_for_inputs(PDL)
-        _, x_first = _load_tile(w_rows, x_rows, ks, k_stop, n_ok, m_ok, EVEN_N, EVEN_K)
-        acc = _accumulate(acc, w_first, x_first, MODE)
+        acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE)
         first = k_start + BLOCK_K
         if PRELOAD == 2:
-            _, x_second = _load_tile(w_rows, x_rows, ks + BLOCK_K, k_stop, n_ok, m_ok, EVEN_N, False)
-            acc = _accumulate(acc, w_second, x_second, MODE)
+            acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE)
             first += BLOCK_K
     if EPILOGUE == _ROPE:  # after the wait: the step's own torch ops wrote these
         slot, c1, c2, s1, s2 = _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
                                             BLOCK_N, HALF)
     for k in range(first, k_stop, BLOCK_K):
-        w, x = _load_tile(w_rows, x_rows, k + offs_k, k_stop, n_ok, m_ok, EVEN_N, EVEN_K)
-        acc = _accumulate(acc, w, x, MODE)
+        ks = k + offs_k
+        w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
+        acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     elif MODE == 1:
