@@ -148,7 +148,9 @@ class Variant:
     pdl: str = "on"  # _common.pdl_mode
     level: int = 2  # _common.PDL_AUTO_LEVEL
     preload: int = 1  # gemv.PRELOAD_TILES
-    unfused: tuple[str, ...] = ()  # "silu", "rope": run those epilogues as their own kernels
+    # "silu", "rope": run those epilogues as their own kernels; "norm": the RMSNorms and
+    # residual adds as elementwise kernels, not inside the GEMVs
+    unfused: tuple[str, ...] = ()
     max_splits: int = 16  # attention.MAX_SPLITS
     attention: dict = field(default_factory=dict)  # AttentionLaunch overrides of DECODE_LAUNCH
     norm_warps: int = 8  # elementwise.NORM_WARPS_WIDE
@@ -165,6 +167,7 @@ VARIANTS = {
     "unfused_silu": Variant(unfused=("silu",)),
     "unfused_rope": Variant(unfused=("rope",), exact=False),
     "unfused": Variant(unfused=("silu", "rope"), exact=False),
+    "unfused_norm": Variant(unfused=("norm",), exact=False),
     "preload2": Variant(preload=2),
     "splits4": Variant(max_splits=4),
     "merge_in_kernel": Variant(attention={"merge_in_kernel": True}),
@@ -191,8 +194,18 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     if "rope" in v.unfused:
         ops = replace(ops, linear_qkv_rope_write=lambda x, w, b, *rest: kernels.qkv_rope_write(kernels.linear(x, w, b),
                                                                                                  *rest))
+    if "norm" in v.unfused:
+        ops = replace(ops, rms_norm=kernels.rms_norm, add_rms_norm=_add_rms_norm_kernel,
+                      linear_residual=lambda x, w, residual: (residual, kernels.linear(x, w)))
     decoder.ops = ops
     return v
+
+
+def _add_rms_norm_kernel(x, residual, w, eps):
+    """decoder.add_rms_norm as one elementwise kernel (the norm alone when nothing is pending)."""
+    if x is None:
+        return kernels.rms_norm(residual, w, eps), residual
+    return kernels.add_rms_norm(x, residual, w, eps)
 
 
 def main() -> int:

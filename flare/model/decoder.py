@@ -22,10 +22,20 @@ from .spec import ModelSpec
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionBatch, float], torch.Tensor]
 
 
-def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    residual = residual + x
+def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual += x`` (x None: nothing pending); -> ``(rms_norm(residual), residual)``."""
+    if x is not None:
+        residual = residual + x
     return rms_norm(residual, weight, eps), residual
+
+
+def linear_residual(x: torch.Tensor, w: torch.Tensor,
+                    residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A sublayer's output projection into the residual stream: -> ``(residual, pending)``
+    with ``residual + pending`` the new stream. Here the sum is left pending for the next
+    :func:`add_rms_norm`; the small-batch GEMV adds it itself (pending None)."""
+    return residual, F.linear(x, w)
 
 
 def linear_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -74,13 +84,19 @@ def linear_qkv_rope_write(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
 
 @dataclass(frozen=True)
 class DecoderOps:
-    """The primitive operations of a forward pass; CUDA swaps in Triton kernels."""
+    """The primitive operations of a forward pass; CUDA swaps in Triton kernels.
+
+    On CUDA a norm whose rows the next small-batch linear takes returns a
+    ``kernels.NormedRows`` (the GEMV normalises its input itself); only the linear
+    slots receive a norm's output, and they accept it.
+    """
 
     linear: Callable = F.linear
     linear_silu: Callable = linear_silu  # (x, gate_up) -> silu(gate) * up
     linear_float: Callable = linear_float  # (x, w) -> float32 F.linear(x, w)
     rms_norm: Callable = rms_norm
-    add_rms_norm: Callable = _add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
+    add_rms_norm: Callable = add_rms_norm  # (x | None, residual, w, eps) -> (norm(residual + x), residual + x)
+    linear_residual: Callable = linear_residual  # (x, w, residual) -> (residual, pending); see above
     linear_qkv_rope_write: Callable = linear_qkv_rope_write  # see linear_qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
 
@@ -90,8 +106,9 @@ def cuda_ops() -> DecoderOps:
     from . import kernels
 
     return DecoderOps(linear=kernels.linear, linear_silu=kernels.linear_silu, linear_float=kernels.linear_float,
-                      rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
-                      linear_qkv_rope_write=kernels.linear_qkv_rope_write, attention=kernels.paged_attention)
+                      rms_norm=kernels.rms_norm_deferred, add_rms_norm=kernels.add_rms_norm_deferred,
+                      linear_residual=kernels.linear_residual, linear_qkv_rope_write=kernels.linear_qkv_rope_write,
+                      attention=kernels.paged_attention)
 
 
 class Decoder:
@@ -117,33 +134,34 @@ class Decoder:
 
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, kv: KVCache,
                 sample_index: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the decoder; returns the final-normed hidden state of each row's sampled token.
+        """Run the decoder; returns the hidden state of each row's sampled token, before
+        the final norm (:meth:`logits` applies it).
 
         tokens: [B, Q] int64; sample_index: [B] int64 (query index per row), or None for
-        each row's last query (a view: no gather kernel). -> [B, hidden]
+        each row's last query. -> [B, hidden]
         """
         spec, ops = self.spec, self.ops
         b, nq = tokens.shape
         h, d = spec.num_heads, spec.head_dim
         eps = spec.rms_norm_eps
-        x = F.embedding(tokens, self.w["embed"])  # [B, Q, hidden]
-        residual = x
-        y = ops.rms_norm(x, self.layers[0]["attn_norm"], eps)
+        # The residual stream is residual + pending; pending is None once a sublayer's
+        # projection has added itself (linear_residual).
+        residual, pending = F.embedding(tokens, self.w["embed"]), None  # [B, Q, hidden]
         for i, lw in enumerate(self.layers):
+            y, residual = ops.add_rms_norm(pending, residual, lw["attn_norm"], eps)
             q = ops.linear_qkv_rope_write(y, lw["qkv"], lw["qkv_bias"], h, lw["q_norm"], lw["k_norm"], eps,
                                           self.rope_cos, self.rope_sin, batch.positions, batch.write_index,
                                           kv.k[i], kv.v[i])
             attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
-            y, residual = ops.add_rms_norm(ops.linear(attn.reshape(b, nq, h * d), lw["o"]), residual,
-                                           lw["mlp_norm"], eps)
-            x = ops.linear(ops.linear_silu(y, lw["gate_up"]), lw["down"])
-            following = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.w["norm"]
-            y, residual = ops.add_rms_norm(x, residual, following, eps)
-        # [B, hidden]: the last layer's add_rms_norm applied the final norm
+            residual, pending = ops.linear_residual(attn.reshape(b, nq, h * d), lw["o"], residual)
+            y, residual = ops.add_rms_norm(pending, residual, lw["mlp_norm"], eps)
+            residual, pending = ops.linear_residual(ops.linear_silu(y, lw["gate_up"]), lw["down"], residual)
         if sample_index is None:
-            return y[:, -1]
-        return y[torch.arange(b, device=y.device), sample_index]
+            rows = slice(None), -1  # views: no gather kernel
+        else:
+            rows = torch.arange(b, device=residual.device), sample_index
+        return residual[rows] if pending is None else residual[rows] + pending[rows]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[B, hidden] -> float32 logits [B, V]."""
-        return self.ops.linear_float(hidden, self.lm_head)
+        """[..., hidden] (from :meth:`forward`) -> float32 logits [..., V], through the final norm."""
+        return self.ops.linear_float(self.ops.rms_norm(hidden, self.w["norm"], self.spec.rms_norm_eps), self.lm_head)

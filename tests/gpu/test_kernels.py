@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("triton")
 
-from flare.model import decoder, layers  # noqa: E402
+from flare.model import decoder, kernels, layers  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
     DECODE_LAUNCH, GemvConfig, _common, add_rms_norm, choose_num_splits, linear, linear_float, linear_qkv_rope_write, linear_silu,
     linear_small_m, paged_attention, paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm,
@@ -372,3 +372,41 @@ def test_gemv_chain_in_graph(pdl, monkeypatch):
         err = float((out.float() - want).norm() / want.norm())
         assert err <= 2e-2, f"GEMV chain (PDL {pdl}) replay {replay}: relative L2 error {err:.2e} (allowed 2e-2)"
 
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_fused_norms_and_residual_adds_in_graph(m):
+    """One decoder layer's small-batch chain with the norms inside the GEMVs and the residual
+    added by the o and down GEMVs (rms_norm_deferred / linear_residual), in a graph, replayed
+    on new inputs: within bf16 rounding of the torch composite, which materialises each norm."""
+    gen = torch.Generator(device=DEV).manual_seed(40 + m)
+
+    def weight(n, k):
+        return (torch.randn(n, k, generator=gen, device=DEV) / math.sqrt(k)).bfloat16()
+
+    w_o, w_gate_up, w_down, head = weight(HIDDEN, HIDDEN), weight(2 * INTER, HIDDEN), weight(HIDDEN, INTER), \
+        weight(VOCAB, HIDDEN)
+    g_mlp, g_final = [(1 + torch.randn(HIDDEN, generator=gen, device=DEV) / 4).bfloat16() for _ in range(2)]
+    attn = torch.empty(m, 1, HIDDEN, device=DEV, dtype=torch.bfloat16)
+    residual = torch.empty_like(attn)
+
+    def chain(ops):
+        h, pending = ops.linear_residual(attn, w_o, residual)
+        y, h = ops.add_rms_norm(pending, h, g_mlp, 1e-5)
+        h, pending = ops.linear_residual(ops.linear_silu(y, w_gate_up), w_down, h)
+        y, h = ops.add_rms_norm(pending, h, g_final, 1e-5)
+        return h, ops.linear_float(y, head)
+
+    fused = decoder.cuda_ops()
+    y, _ = fused.add_rms_norm(None, residual, g_mlp, 1e-5)
+    assert isinstance(y, kernels.NormedRows), "batch <= 8 norms must be deferred into the next GEMV"
+    graph, (out_h, out_logits) = capture(lambda: chain(fused))
+    for replay in range(3):
+        attn.copy_(torch.randn(attn.shape, generator=gen, device=DEV))
+        residual.copy_(torch.randn(residual.shape, generator=gen, device=DEV) * 4)
+        graph.replay()
+        torch.cuda.synchronize()
+        want_h, want_logits = chain(decoder.DecoderOps())
+        for label, got, want in (("hidden", out_h, want_h), ("logits", out_logits, want_logits)):
+            err = float((got.float() - want.float()).norm() / want.float().norm())
+            assert err <= 1e-2, f"fused norms M={m} replay {replay} {label}: relative L2 error {err:.2e}"

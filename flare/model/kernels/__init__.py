@@ -33,15 +33,17 @@ from .attention import (
 )
 from .elementwise import add_rms_norm, qkv_rope_write, rms_norm, silu_mul
 from .gemv import (
-    MAX_ROWS, GemvConfig, default_config, fuses_qkv_rope, linear, linear_float, linear_qkv_rope_small_m,
-    linear_qkv_rope_write, linear_silu, linear_silu_small_m, linear_small_m, prefers_small_m,
+    MAX_ROWS, GemvConfig, NormedRows, add_rms_norm_deferred, default_config, fuses_qkv_rope, linear, linear_float,
+    linear_qkv_rope_small_m, linear_qkv_rope_write, linear_residual, linear_silu, linear_silu_small_m, linear_small_m,
+    prefers_small_m, rms_norm_deferred,
 )
 
 __all__ = [
     "KernelInputError",
     "MAX_ROWS", "MAX_SPLITS",
-    "GemvConfig", "default_config", "fuses_qkv_rope", "linear", "linear_float", "linear_qkv_rope_small_m",
-    "linear_qkv_rope_write", "linear_silu", "linear_silu_small_m", "linear_small_m", "prefers_small_m",
+    "GemvConfig", "NormedRows", "add_rms_norm_deferred", "default_config", "fuses_qkv_rope", "linear", "linear_float",
+    "linear_qkv_rope_small_m", "linear_qkv_rope_write", "linear_residual", "linear_silu", "linear_silu_small_m",
+    "linear_small_m", "prefers_small_m", "rms_norm_deferred",
     "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
     "add_rms_norm", "qkv_rope_write", "rms_norm", "silu_mul",
 ]
