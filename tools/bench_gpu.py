@@ -165,7 +165,8 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
 
     serving_ops = decoder.ops
     torch_elementwise = replace(serving_ops, rms_norm=layers.rms_norm, add_rms_norm=decoder_module.add_rms_norm,
-                                linear_residual=decoder_module.linear_residual, linear_silu=decoder_module.linear_silu,
+                                linear_add_rms_norm=decoder_module.linear_add_rms_norm,
+                                linear_silu=decoder_module.linear_silu,
                                 linear_qkv_rope_write=decoder_module.linear_qkv_rope_write)
     split_gemms = replace(torch_elementwise, linear=split_linear,
                           linear_silu=lambda x, w: layers.silu_mul(split_linear(x, w)),
@@ -179,9 +180,7 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
             decoder.ops = ops
             with torch.inference_mode():
                 hidden = decoder.forward(seq.cuda()[None], batch, programs.kv, torch.arange(t, device="cuda")[None])
-                # [1, t, hidden]: the final norm sees a prefill chunk (torch's variance, as before
-                # the sampled rows' norm moved into logits), not t separate rows.
-                argmaxes[name] = decoder.logits(hidden)[0].argmax(-1).tolist()
+                argmaxes[name] = decoder.logits(hidden[0]).argmax(-1).tolist()
     finally:
         decoder.ops = serving_ops
     ref = RESULTS.pop("hf_argmax")

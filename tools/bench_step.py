@@ -195,17 +195,10 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
         ops = replace(ops, linear_qkv_rope_write=lambda x, w, b, *rest: kernels.qkv_rope_write(kernels.linear(x, w, b),
                                                                                                  *rest))
     if "norm" in v.unfused:
-        ops = replace(ops, rms_norm=kernels.rms_norm, add_rms_norm=_add_rms_norm_kernel,
-                      linear_residual=lambda x, w, residual: (residual, kernels.linear(x, w)))
+        ops = replace(ops, linear_add_rms_norm=lambda x, w, residual, weight, eps: kernels.add_rms_norm(
+            kernels.linear(x, w), residual, weight, eps))
     decoder.ops = ops
     return v
-
-
-def _add_rms_norm_kernel(x, residual, w, eps):
-    """decoder.add_rms_norm as one elementwise kernel (the norm alone when nothing is pending)."""
-    if x is None:
-        return kernels.rms_norm(residual, w, eps), residual
-    return kernels.add_rms_norm(x, residual, w, eps)
 
 
 def main() -> int:

@@ -22,20 +22,18 @@ from .spec import ModelSpec
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionBatch, float], torch.Tensor]
 
 
-def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``residual += x`` (x None: nothing pending); -> ``(rms_norm(residual), residual)``."""
-    if x is not None:
-        residual = residual + x
+    """``h = residual + x``; -> ``(rms_norm(h), h)``."""
+    residual = residual + x
     return rms_norm(residual, weight, eps), residual
 
 
-def linear_residual(x: torch.Tensor, w: torch.Tensor,
-                    residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A sublayer's output projection into the residual stream: -> ``(residual, pending)``
-    with ``residual + pending`` the new stream. Here the sum is left pending for the next
-    :func:`add_rms_norm`; the small-batch GEMV adds it itself (pending None)."""
-    return residual, F.linear(x, w)
+def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sublayer's output projection added into the residual stream, then the next norm:
+    ``h = residual + x @ w.T``; -> ``(rms_norm(h), h)``."""
+    return add_rms_norm(F.linear(x, w), residual, weight, eps)
 
 
 def linear_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -86,17 +84,16 @@ def linear_qkv_rope_write(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
 class DecoderOps:
     """The primitive operations of a forward pass; CUDA swaps in Triton kernels.
 
-    On CUDA a norm whose rows the next small-batch linear takes returns a
-    ``kernels.NormedRows`` (the GEMV normalises its input itself); only the linear
-    slots receive a norm's output, and they accept it.
+    On CUDA, ``linear_add_rms_norm`` of a small batch returns a ``kernels.NormedRows``
+    (the next GEMV normalises its input itself); only the linear slots receive it.
     """
 
     linear: Callable = F.linear
     linear_silu: Callable = linear_silu  # (x, gate_up) -> silu(gate) * up
     linear_float: Callable = linear_float  # (x, w) -> float32 F.linear(x, w)
     rms_norm: Callable = rms_norm
-    add_rms_norm: Callable = add_rms_norm  # (x | None, residual, w, eps) -> (norm(residual + x), residual + x)
-    linear_residual: Callable = linear_residual  # (x, w, residual) -> (residual, pending); see above
+    add_rms_norm: Callable = add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
+    linear_add_rms_norm: Callable = linear_add_rms_norm  # (x, w, residual, norm w, eps); see above
     linear_qkv_rope_write: Callable = linear_qkv_rope_write  # see linear_qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
 
@@ -106,9 +103,9 @@ def cuda_ops() -> DecoderOps:
     from . import kernels
 
     return DecoderOps(linear=kernels.linear, linear_silu=kernels.linear_silu, linear_float=kernels.linear_float,
-                      rms_norm=kernels.rms_norm_deferred, add_rms_norm=kernels.add_rms_norm_deferred,
-                      linear_residual=kernels.linear_residual, linear_qkv_rope_write=kernels.linear_qkv_rope_write,
-                      attention=kernels.paged_attention)
+                      rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
+                      linear_add_rms_norm=kernels.linear_add_rms_norm,
+                      linear_qkv_rope_write=kernels.linear_qkv_rope_write, attention=kernels.paged_attention)
 
 
 class Decoder:
@@ -134,34 +131,35 @@ class Decoder:
 
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, kv: KVCache,
                 sample_index: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the decoder; returns the hidden state of each row's sampled token, before
-        the final norm (:meth:`logits` applies it).
+        """Run the decoder; returns the final-normed hidden state of each row's sampled token.
 
         tokens: [B, Q] int64; sample_index: [B] int64 (query index per row), or None for
-        each row's last query. -> [B, hidden]
+        each row's last query (a view: no gather kernel). -> [B, hidden]
         """
         spec, ops = self.spec, self.ops
         b, nq = tokens.shape
         h, d = spec.num_heads, spec.head_dim
         eps = spec.rms_norm_eps
-        # The residual stream is residual + pending; pending is None once a sublayer's
-        # projection has added itself (linear_residual).
-        residual, pending = F.embedding(tokens, self.w["embed"]), None  # [B, Q, hidden]
+        x = F.embedding(tokens, self.w["embed"])  # [B, Q, hidden]
+        residual = x
+        y = ops.rms_norm(x, self.layers[0]["attn_norm"], eps)
+        last = len(self.layers) - 1
         for i, lw in enumerate(self.layers):
-            y, residual = ops.add_rms_norm(pending, residual, lw["attn_norm"], eps)
             q = ops.linear_qkv_rope_write(y, lw["qkv"], lw["qkv_bias"], h, lw["q_norm"], lw["k_norm"], eps,
                                           self.rope_cos, self.rope_sin, batch.positions, batch.write_index,
                                           kv.k[i], kv.v[i])
             attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
-            residual, pending = ops.linear_residual(attn.reshape(b, nq, h * d), lw["o"], residual)
-            y, residual = ops.add_rms_norm(pending, residual, lw["mlp_norm"], eps)
-            residual, pending = ops.linear_residual(ops.linear_silu(y, lw["gate_up"]), lw["down"], residual)
+            y, residual = ops.linear_add_rms_norm(attn.reshape(b, nq, h * d), lw["o"], residual, lw["mlp_norm"], eps)
+            act = ops.linear_silu(y, lw["gate_up"])
+            if i < last:
+                y, residual = ops.linear_add_rms_norm(act, lw["down"], residual, self.layers[i + 1]["attn_norm"], eps)
+            else:  # the final norm's output leaves the decoder: computed here, not left to a GEMV
+                y, residual = ops.add_rms_norm(ops.linear(act, lw["down"]), residual, self.w["norm"], eps)
+        # [B, hidden]: the last layer's add_rms_norm applied the final norm
         if sample_index is None:
-            rows = slice(None), -1  # views: no gather kernel
-        else:
-            rows = torch.arange(b, device=residual.device), sample_index
-        return residual[rows] if pending is None else residual[rows] + pending[rows]
+            return y[:, -1]
+        return y[torch.arange(b, device=y.device), sample_index]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] (from :meth:`forward`) -> float32 logits [..., V], through the final norm."""
-        return self.ops.linear_float(self.ops.rms_norm(hidden, self.w["norm"], self.spec.rms_norm_eps), self.lm_head)
+        """[B, hidden] -> float32 logits [B, V]."""
+        return self.ops.linear_float(hidden, self.lm_head)

@@ -376,9 +376,9 @@ def test_gemv_chain_in_graph(pdl, monkeypatch):
 
 @pytest.mark.parametrize("m", [1, 4])
 def test_fused_norms_and_residual_adds_in_graph(m):
-    """One decoder layer's small-batch chain with the norms inside the GEMVs and the residual
-    added by the o and down GEMVs (rms_norm_deferred / linear_residual), in a graph, replayed
-    on new inputs: within bf16 rounding of the torch composite, which materialises each norm."""
+    """One decoder layer's small-batch chain with the residual adds in the o and down GEMVs
+    and the norms inside the next GEMVs (linear_add_rms_norm -> NormedRows), in a graph,
+    replayed on new inputs: within bf16 rounding of the torch composite."""
     gen = torch.Generator(device=DEV).manual_seed(40 + m)
 
     def weight(n, k):
@@ -391,15 +391,13 @@ def test_fused_norms_and_residual_adds_in_graph(m):
     residual = torch.empty_like(attn)
 
     def chain(ops):
-        h, pending = ops.linear_residual(attn, w_o, residual)
-        y, h = ops.add_rms_norm(pending, h, g_mlp, 1e-5)
-        h, pending = ops.linear_residual(ops.linear_silu(y, w_gate_up), w_down, h)
-        y, h = ops.add_rms_norm(pending, h, g_final, 1e-5)
+        y, h = ops.linear_add_rms_norm(attn, w_o, residual, g_mlp, 1e-5)
+        y, h = ops.linear_add_rms_norm(ops.linear_silu(y, w_gate_up), w_down, h, g_final, 1e-5)
         return h, ops.linear_float(y, head)
 
     fused = decoder.cuda_ops()
-    y, _ = fused.add_rms_norm(None, residual, g_mlp, 1e-5)
-    assert isinstance(y, kernels.NormedRows), "batch <= 8 norms must be deferred into the next GEMV"
+    assert isinstance(fused.linear_add_rms_norm(attn, w_o, residual, g_mlp, 1e-5)[0], kernels.NormedRows), \
+        "batch <= 8 norms must be left to the next GEMV"
     graph, (out_h, out_logits) = capture(lambda: chain(fused))
     for replay in range(3):
         attn.copy_(torch.randn(attn.shape, generator=gen, device=DEV))

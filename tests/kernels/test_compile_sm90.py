@@ -134,17 +134,18 @@ def test_gemv_kernels_compile_for_sm90(launches):
                                                                  preload_tiles=2))
     kernels.linear_small_m(_bf16(4, 1024), _bf16(256, 1024), config=GemvConfig(split_k=4))  # + the split sum
     kernels.linear_small_m(_bf16(2, 4096), w, _bf16(4096), config=GemvConfig(mode="dot"))
-    # The fused norm and the residual epilogue, in each inner-product mode (batch 1 is FMA).
-    norm = (_bf16(4096, seed=3), 1e-5)
+    # The add+norm epilogue, and its NormedRows into each consumer (batch 1 is FMA).
     for rows in (1, 2):
-        kernels.linear_small_m(_bf16(rows, 4096), w, norm=norm, out_dtype=torch.float32)
-        kernels.linear_silu_small_m(_bf16(rows, 4096), gate_up, norm=norm)
-        kernels.linear_small_m(_bf16(rows, 4096), w, residual=_bf16(rows, 4096, seed=4))
-    kernels.linear_small_m(_bf16(2, 4096), w, norm=norm, config=GemvConfig(mode="dot"))
+        normed = kernels.linear_add_rms_norm_small_m(_bf16(rows, 4096), w, _bf16(rows, 4096, seed=3),
+                                                     _bf16(4096, seed=4), 1e-5)
+        kernels.linear_small_m(normed, w, out_dtype=torch.float32)
+        kernels.linear_silu_small_m(normed, gate_up)
+    kernels.linear_small_m(normed, w, config=GemvConfig(mode="dot"))
     table, pool = torch.randn(4096, 128), torch.zeros(40, 64, 8, 128, dtype=torch.bfloat16)
-    kernels.linear_qkv_rope_small_m(_bf16(1, 1, 4096), _bf16(48 * 128, 4096), None, 32, table, table,
+    one = kernels.linear_add_rms_norm_small_m(_bf16(1, 1, 4096), w, _bf16(1, 1, 4096, seed=3), _bf16(4096), 1e-5)
+    kernels.linear_qkv_rope_small_m(one, _bf16(48 * 128, 4096), None, 32, table, table,
                                     torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64),
-                                    pool, pool.clone(), norm=norm)
+                                    pool, pool.clone())
     names = _compile_all(launches)
     assert {"_linear_small_m_kernel", "_sum_splits_kernel"} <= set(names), names
 

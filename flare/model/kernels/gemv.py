@@ -41,7 +41,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count, start_next_kernel_early,
+    next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count, start_next_kernel_early,
     wait_for_inputs,
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
@@ -85,29 +85,6 @@ def _load_x(x_rows, ks, k_stop, m_ok, EVEN_K: tl.constexpr):
     if EVEN_K:
         return tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
     return tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
-
-
-@triton.jit
-def _load_input(x_rows, norm_ptr, ks, k_stop, m_ok, squares, EVEN_K: tl.constexpr, NORM: tl.constexpr,
-                MODE: tl.constexpr):
-    """The x tile at ``ks`` for :func:`_accumulate`. Under NORM: scaled by the RMSNorm
-    weight (in fp32; rounded back to x's dtype for the tensor-core modes) and its
-    squares added to ``squares`` ([BLOCK_M, BLOCK_K] for FMA, [BLOCK_M] otherwise)."""
-    x = _load_x(x_rows, ks, k_stop, m_ok, EVEN_K)
-    if NORM:
-        xf = x.to(tl.float32)
-        if MODE == 0:
-            squares += xf * xf
-        else:
-            squares += tl.sum(xf * xf, axis=1)
-        if EVEN_K:
-            g = tl.load(norm_ptr + ks)
-        else:
-            g = tl.load(norm_ptr + ks, mask=ks < k_stop, other=0.0)
-        x = xf * g.to(tl.float32)[None, :]
-        if MODE != 0:
-            x = x.to(x_rows.dtype.element_ty)
-    return x, squares
 
 
 @triton.jit
@@ -176,10 +153,10 @@ def _rope_epilogue(result, pid_n, offs_m, m_ok, q_ptr, k_pool_ptr, v_pool_ptr, s
 
 @triton.jit
 def _linear_small_m_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, norm_ptr, res_ptr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, sq_ptr, res_ptr, next_norm_ptr, scaled_ptr, sq_out_ptr,
     cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr, v_pool_ptr,
-    M, N, K, s_xm, s_wn, s_om, s_cos, s_sin, num_heads, num_kv, eps,
-    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+    M, N, K, s_xm, s_wn, s_om, s_cos, s_sin, num_heads, num_kv, num_parts, eps,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK_P: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
     PRELOAD: tl.constexpr,
@@ -187,11 +164,12 @@ def _linear_small_m_kernel(
     # EPILOGUE: PLAIN stores x @ w.T (+ bias); GLU silu(gate) * up; ROPE the qkv
     # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
     # arguments (cos_ptr .. num_kv, HALF) are read only by ROPE.
-    # NORM: x is the input of an RMSNorm with weight norm_ptr ([K]) and epsilon eps; the
-    # program normalises it itself (needs SPLIT_K == 1): it multiplies each x tile by the
-    # weight and sums the squares, and scales the product by 1 / rms once at the end.
-    # RESIDUAL (PLAIN): stores res + x @ w.T, each rounded as the torch composite rounds;
-    # res_ptr rows have out's stride.
+    # ADD_NORM (PLAIN): stores h = res + x @ w.T, rounded as the torch sum rounds (res_ptr
+    # rows have out's stride), and prepares the RMSNorm of h with weight next_norm_ptr
+    # for the next GEMV: h * weight at scaled_ptr (out's layout) and the program's sum of
+    # h^2 at sq_out_ptr[m, pid_n]. NORM (needs SPLIT_K == 1): x is such a scaled h; the
+    # program sums the num_parts partial squares at sq_ptr[m, :] and scales its product
+    # by 1 / rms(h) (eps).
     start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -229,10 +207,6 @@ def _linear_small_m_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if MODE == 0:
-        squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    else:
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
     first = k_start
     if PDL:
         # Weights are never written during a step: the first weight tiles stream in
@@ -242,24 +216,28 @@ def _linear_small_m_kernel(
         if PRELOAD == 2:  # masked: the range may hold one tile
             w_second = _load_w(w_rows, ks + BLOCK_K, k_stop, n_ok, EVEN_N, False)
         wait_for_inputs(PDL)
-        x, squares = _load_input(x_rows, norm_ptr, ks, k_stop, m_ok, squares, EVEN_K, NORM, MODE)
-        acc = _accumulate(acc, w_first, x, MODE)
+        acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE)
         first = k_start + BLOCK_K
         if PRELOAD == 2:
-            x, squares = _load_input(x_rows, norm_ptr, ks + BLOCK_K, k_stop, m_ok, squares, False, NORM, MODE)
-            acc = _accumulate(acc, w_second, x, MODE)
+            acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE)
             first += BLOCK_K
     if EPILOGUE == _ROPE:  # after the wait: the step's own torch ops wrote these
         slot, c1, c2, s1, s2 = _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
                                             BLOCK_N, HALF)
-    if RESIDUAL:  # after the wait, before the loop: its latency hides under the weight stream
+    # After the wait and before the loop, so their latency hides under the weight stream.
+    if ADD_NORM:
         res = tl.load(res_ptr + offs_m[:, None] * s_om + w_index[None, :], mask=m_ok[:, None] & n_ok[None, :],
                       other=0.0)
+        next_norm = tl.load(next_norm_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if NORM:
+        parts = tl.arange(0, BLOCK_P)
+        squares = tl.load(sq_ptr + offs_m[:, None] * num_parts + parts[None, :],
+                          mask=m_ok[:, None] & (parts < num_parts)[None, :], other=0.0)
+        inv_rms = libdevice.rsqrt(tl.sum(squares, axis=1) / K + eps)  # [BLOCK_M]
     for k in range(first, k_stop, BLOCK_K):
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
-        x, squares = _load_input(x_rows, norm_ptr, ks, k_stop, m_ok, squares, EVEN_K, NORM, MODE)
-        acc = _accumulate(acc, w, x, MODE)
+        acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     elif MODE == 1:
@@ -267,11 +245,7 @@ def _linear_small_m_kernel(
     else:
         result = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     if NORM:
-        if MODE == 0:
-            sum_squares = tl.sum(squares, axis=1)
-        else:
-            sum_squares = squares
-        result = result * libdevice.rsqrt(sum_squares / K + eps)[:, None]
+        result = result * inv_rms[:, None]
 
     if SPLIT_K > 1:
         tl.store(part_ptr + (split * M + offs_m[:, None]) * N + w_index[None, :], result,
@@ -295,8 +269,12 @@ def _linear_small_m_kernel(
         # Rounded to x's dtype even into a wider output: float32 logits of a bf16 model
         # hold what F.linear(...).float() holds.
         value = result.to(x_ptr.dtype.element_ty)
-        if RESIDUAL:
-            value = value.to(tl.float32) + res.to(tl.float32)
+        if ADD_NORM:
+            value = (value.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            h = value.to(tl.float32)
+            tl.store(scaled_ptr + offs_m[:, None] * s_om + w_index[None, :], (h * next_norm).to(x_ptr.dtype.element_ty),
+                     mask=m_ok[:, None] & n_ok[None, :])
+            tl.store(sq_out_ptr + offs_m * tl.num_programs(0) + pid_n, tl.sum(h * h, axis=1), mask=m_ok)
         value = value.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs_m[:, None] * s_om + w_index[None, :], value, mask=m_ok[:, None] & n_ok[None, :])
 
@@ -364,52 +342,94 @@ def _check(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     require_same_device(kernel, **tensors)
 
 
-def linear_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   config: GemvConfig | None = None, out_dtype: torch.dtype | None = None,
-                   norm: tuple[torch.Tensor, float] | None = None,
-                   residual: torch.Tensor | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class NormedRows:
+    """``rms_norm(x, weight, eps)`` (:func:`flare.model.layers.rms_norm`), left to the GEMV
+    that takes it.
+
+    :func:`linear_add_rms_norm_small_m` returns this: its epilogue already holds every
+    element of x (the new residual stream), so it also writes ``scaled = x * weight``
+    and ``squares`` ``[M, P]``, each program's fp32 sum of x^2. The next small-batch
+    GEMV streams ``scaled`` as its input, sums the P partials once and scales its fp32
+    product by 1 / rms: the norm costs neither a launch nor a pass over memory, and the
+    GEMV's inner loop is unchanged. It differs from the composite by rounding only (x
+    is normalised after the product, not rounded in between). Where no kernel can
+    take it, :meth:`materialize` computes the norm.
+    """
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    scaled: torch.Tensor
+    squares: torch.Tensor
+
+    def materialize(self) -> torch.Tensor:
+        return rms_norm(self.x, self.weight, self.eps)
+
+
+def linear_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   config: GemvConfig | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for at most MAX_ROWS rows: x ``[..., K]``, w ``[N, K]`` -> ``[..., N]``.
 
     fp32 accumulation, rounded to x's dtype; stored as ``out_dtype`` (default x's
-    dtype: float32 logits hold exactly what ``F.linear(x, w).float()`` would).
-    ``norm=(weight, eps)`` takes ``rms_norm(x, weight, eps)`` as the input, normalised
-    inside the kernel (see :class:`NormedRows`); ``residual`` (``[..., N]``, x's dtype)
-    returns ``residual + x @ w.T`` rounded as that torch sum rounds.
-    ``config`` overrides :func:`default_config` (the benchmark sweeps it).
+    dtype: float32 logits hold exactly what ``F.linear(x, w).float()`` would). x may
+    be a :class:`NormedRows`: the product of the normalised rows, normalised in the
+    kernel. ``config`` overrides :func:`default_config` (the benchmark sweeps it).
     """
     kernel = "linear_small_m"
-    rows, cfg = _prepare(kernel, x, w, bias, config, norm)
-    require(out_dtype is None or out_dtype in (x.dtype, torch.float32), kernel,
+    rows, cfg, norm = _prepare(kernel, x, w, bias, config)
+    require(out_dtype is None or out_dtype in (rows.dtype, torch.float32), kernel,
             f"out_dtype must be x's dtype or float32, got {out_dtype}")
-    out_shape = (*x.shape[:-1], w.shape[0])
-    if residual is not None:
-        require(residual.shape == out_shape and residual.dtype == x.dtype and residual.is_contiguous()
-                and out_dtype in (None, x.dtype), kernel,
-                f"residual must be a contiguous {out_shape} {x.dtype} tensor (and the output x's dtype), "
-                f"got {tuple(residual.shape)} {residual.dtype}")
-        require_same_device(kernel, x=x, residual=residual)
-    out = torch.empty((rows.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
-    _launch(rows, w, bias, out, cfg, epilogue=EPILOGUE_PLAIN, outputs=w.shape[0], norm=norm,
-            residual=residual.view(-1, w.shape[0]) if residual is not None else None)
-    return out.view(out_shape)
+    out = torch.empty((rows.shape[0], w.shape[0]), dtype=out_dtype or rows.dtype, device=rows.device)
+    _launch(rows, w, bias, out, cfg, epilogue=EPILOGUE_PLAIN, outputs=w.shape[0], norm=norm)
+    return out.view(*_shape(x)[:-1], w.shape[0])
 
 
-def linear_silu_small_m(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None,
-                        norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+def linear_add_rms_norm_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, residual: torch.Tensor,
+                                weight: torch.Tensor, eps: float, *,
+                                config: GemvConfig | None = None) -> NormedRows:
+    """``h = residual + x @ w.T``, and the next RMSNorm of h left to the GEMV that takes it.
+
+    One launch: the epilogue adds the residual (rounded as the torch sum rounds) and
+    writes, besides h, ``h * weight`` and each program's sum of ``h^2``; returns them as
+    a :class:`NormedRows` whose ``x`` is h (the new residual stream). residual: ``[..., N]``
+    contiguous, x's dtype; weight: ``[N]``. Needs an unsplit K.
+    """
+    kernel = "linear_add_rms_norm_small_m"
+    rows, cfg, norm = _prepare(kernel, x, w, None, config)
+    n = w.shape[0]
+    out_shape = (*_shape(x)[:-1], n)
+    require(residual.shape == out_shape and residual.dtype == rows.dtype and residual.is_contiguous(), kernel,
+            f"residual must be a contiguous {out_shape} {rows.dtype} tensor, got {tuple(residual.shape)} "
+            f"{residual.dtype}")
+    require(weight.shape == (n,) and weight.dtype == rows.dtype and weight.is_contiguous(), kernel,
+            f"the norm weight must be a contiguous [{n}] {rows.dtype} tensor, got {tuple(weight.shape)} {weight.dtype}")
+    require(cfg.split_k == 1, kernel, f"needs an unsplit K, got {cfg}")
+    require_same_device(kernel, x=rows, residual=residual, weight=weight)
+    h = torch.empty(out_shape, dtype=rows.dtype, device=rows.device)
+    scaled = torch.empty_like(h)
+    squares = torch.empty((rows.shape[0], triton.cdiv(n, cfg.block_n)), dtype=torch.float32, device=rows.device)
+    _launch(rows, w, None, h.view(-1, n), cfg, epilogue=EPILOGUE_PLAIN, outputs=n, norm=norm,
+            add_norm=(residual.view(-1, n), weight, scaled, squares))
+    return NormedRows(h, weight, eps, scaled, squares)
+
+
+def linear_silu_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, *,
+                        config: GemvConfig | None = None) -> torch.Tensor:
     """``silu(gate) * up`` of ``x @ w.T`` with w the fused ``[2I, K]`` gate/up weight -> ``[..., I]``.
 
     One launch: the SiLU-mul is the GEMV's epilogue, rounded as
     ``layers.silu_mul(F.linear(x, w))`` rounds. Needs an unsplit K (``config.split_k == 1``).
-    ``norm`` as in :func:`linear_small_m`.
+    x as in :func:`linear_small_m`.
     """
     kernel = "linear_silu_small_m"
-    rows, cfg = _prepare(kernel, x, w, None, config, norm)
+    rows, cfg, norm = _prepare(kernel, x, w, None, config)
     inter = w.shape[0] // 2
     require(w.shape[0] % 2 == 0 and cfg.split_k == 1 and cfg.block_n % 2 == 0, kernel,
             f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
-    out = torch.empty((rows.shape[0], inter), dtype=x.dtype, device=x.device)
+    out = torch.empty((rows.shape[0], inter), dtype=rows.dtype, device=rows.device)
     _launch(rows, w, None, out, cfg, epilogue=EPILOGUE_GLU, outputs=inter, norm=norm)
-    return out.view(*x.shape[:-1], inter)
+    return out.view(*_shape(x)[:-1], inter)
 
 
 def fuses_qkv_rope(x: torch.Tensor, w: torch.Tensor, head_dim: int, config: GemvConfig | None = None) -> bool:
@@ -422,11 +442,10 @@ def fuses_qkv_rope(x: torch.Tensor, w: torch.Tensor, head_dim: int, config: Gemv
     return cfg.split_k == 1 and cfg.block_n % 2 == 0 and head_dim % 2 == 0 and (head_dim // 2) % (cfg.block_n // 2) == 0
 
 
-def linear_qkv_rope_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
+def linear_qkv_rope_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
                             cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
                             write_index: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, *,
-                            config: GemvConfig | None = None,
-                            norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+                            config: GemvConfig | None = None) -> torch.Tensor:
     """``decoder.qkv_rope_write(F.linear(x, w, bias), num_heads, None, None, ...)`` in one launch.
 
     x ``[B, Q, K]`` (B * Q <= MAX_ROWS, bf16), w the fused ``[(H + 2 * Hkv) * D, K]``
@@ -434,52 +453,64 @@ def linear_qkv_rope_small_m(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
     and v into the pools at ``write_index``; returns q ``[B, Q, H, D]``. Needs
     :func:`fuses_qkv_rope`. Compiled without multiply-add contraction (the RoPE
     products are rounded before their sums, see elementwise), so the projection
-    itself may differ from :func:`linear_small_m`'s by rounding. ``norm`` as in
+    itself may differ from :func:`linear_small_m`'s by rounding. x as in
     :func:`linear_small_m`.
     """
     kernel = "linear_qkv_rope_small_m"
-    require(x.dim() == 3, kernel, f"x must be [B, Q, K], got {tuple(x.shape)}")
-    rows, cfg = _prepare(kernel, x, w, bias, config, norm)
-    b, nq, _ = x.shape
-    hkv, d = check_rope_targets(kernel, x, cos_table, sin_table, positions, write_index, k_pool, v_pool)
+    require(len(_shape(x)) == 3, kernel, f"x must be [B, Q, K], got {tuple(_shape(x))}")
+    rows, cfg, norm = _prepare(kernel, x, w, bias, config)
+    inputs = x.x if isinstance(x, NormedRows) else x
+    b, nq, _ = inputs.shape
+    hkv, d = check_rope_targets(kernel, inputs, cos_table, sin_table, positions, write_index, k_pool, v_pool)
     require(w.shape[0] == (num_heads + 2 * hkv) * d, kernel,
             f"qkv weight rows {w.shape[0]} are not (H={num_heads} + 2*Hkv={hkv}) * D={d}")
-    require(fuses_qkv_rope(x, w, d, cfg), kernel,
-            f"needs bf16, no K split and head_dim / 2 a multiple of block_n / 2, got {x.dtype}, {cfg}, D={d}")
+    require(fuses_qkv_rope(inputs, w, d, cfg), kernel,
+            f"needs bf16, no K split and head_dim / 2 a multiple of block_n / 2, got {inputs.dtype}, {cfg}, D={d}")
     positions, write_index = positions.reshape(-1), write_index.reshape(-1)  # [B * Q] rows, as x's
-    q = torch.empty((b, nq, num_heads, d), dtype=x.dtype, device=x.device)
+    q = torch.empty((b, nq, num_heads, d), dtype=inputs.dtype, device=inputs.device)
     _launch(rows, w, bias, q, cfg, epilogue=EPILOGUE_ROPE, outputs=w.shape[0], norm=norm,
             rope=(cos_table, sin_table, positions, write_index, k_pool, v_pool, num_heads, hkv, d // 2))
     return q
 
 
-def _prepare(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-             config: GemvConfig | None, norm: tuple[torch.Tensor, float] | None = None) -> tuple[torch.Tensor, GemvConfig]:
-    """Checks shared by the launchers; -> (x as [M, K] rows, the launch config)."""
-    _check(kernel, x, w, bias)
+def _shape(x: torch.Tensor | NormedRows) -> torch.Size:
+    return x.x.shape if isinstance(x, NormedRows) else x.shape
+
+
+def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None,
+             config: GemvConfig | None) -> tuple[torch.Tensor, GemvConfig, tuple[torch.Tensor, float] | None]:
+    """Checks shared by the launchers; -> (the kernel's x as [M, K] rows, the launch config,
+    (partial squares [M, P], eps) when x is a NormedRows, else None)."""
+    inputs = x.scaled if isinstance(x, NormedRows) else x
+    _check(kernel, inputs, w, bias)
     n, k = w.shape
-    rows = x.reshape(-1, k)
+    rows = inputs.reshape(-1, k)
     m = rows.shape[0]
-    require(1 <= m <= MAX_ROWS, kernel, f"x must have 1..{MAX_ROWS} rows, got {m} (shape {tuple(x.shape)})")
-    cfg = config or default_config(m, n, k, x.device)
+    require(1 <= m <= MAX_ROWS, kernel, f"x must have 1..{MAX_ROWS} rows, got {m} (shape {tuple(inputs.shape)})")
+    cfg = config or default_config(m, n, k, inputs.device)
     require(cfg.mode in _MODES, kernel, f"unknown mode {cfg.mode!r}")
     require(cfg.mode != "fma" or m == 1, kernel, f"mode 'fma' takes one row, got {m}")
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
             f"block_k must be >= 32 and block_n >= 16 for tensor-core modes, got {cfg}")
     require(cfg.preload_tiles in (1, 2), kernel, f"preload_tiles must be 1 or 2, got {cfg.preload_tiles}")
-    if norm is not None:
-        weight = norm[0]
-        require(weight.shape == (k,) and weight.dtype == x.dtype and weight.is_contiguous(), kernel,
-                f"the norm weight must be a contiguous [{k}] {x.dtype} tensor, got {tuple(weight.shape)} {weight.dtype}")
-        require(cfg.split_k == 1, kernel, f"a fused norm needs an unsplit K, got {cfg}")
-        require_same_device(kernel, x=x, norm_weight=weight)
-    return rows, cfg
+    if not isinstance(x, NormedRows):
+        return rows, cfg, None
+    require(cfg.split_k == 1, kernel, f"a fused norm needs an unsplit K, got {cfg}")
+    require(x.squares.dim() == 2 and x.squares.shape[0] == m and x.squares.dtype == torch.float32
+            and x.squares.is_contiguous(), kernel,
+            f"the norm's partial squares must be contiguous float32 [{m}, P], got {tuple(x.squares.shape)}")
+    require_same_device(kernel, x=rows, squares=x.squares)
+    return rows, cfg, (x.squares, x.eps)
 
 
 def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig, *,
             epilogue: int, outputs: int, rope: tuple | None = None, norm: tuple[torch.Tensor, float] | None = None,
-            residual: torch.Tensor | None = None) -> None:
-    """One GEMV launch (plus the split sum); ``outputs``: output columns (N of the kernel)."""
+            add_norm: tuple | None = None) -> None:
+    """One GEMV launch (plus the split sum); ``outputs``: output columns (N of the kernel).
+
+    norm: (partial squares, eps) of a NormedRows input; add_norm: (residual, norm weight,
+    scaled out, squares out) of :func:`linear_add_rms_norm_small_m`.
+    """
     m, k = rows.shape
     n = outputs
     part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=rows.device) if cfg.split_k > 1 else out
@@ -493,11 +524,14 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
     else:
         rope_args, rope_scalars, half = (out,) * 6, (0, 0, 0, 0), 1
     pdl = pdl_level(rows)
-    norm_weight, eps = norm if norm is not None else (out, 0.0)
+    squares, eps = norm if norm is not None else (out, 0.0)
+    num_parts = squares.shape[1] if norm is not None else 1
+    add_norm_args = add_norm if add_norm is not None else (out,) * 4
     _linear_small_m_kernel[(triton.cdiv(n, per_program), cfg.split_k)](
-        rows, w, bias_arg, out, part, norm_weight, residual if residual is not None else out, *rope_args,
-        m, n, k, rows.stride(0), w.stride(0), out.stride(0) if out.dim() == 2 else 0, *rope_scalars, float(eps),
-        HAS_BIAS=bias is not None, NORM=norm is not None, RESIDUAL=residual is not None, SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
+        rows, w, bias_arg, out, part, squares, *add_norm_args, *rope_args,
+        m, n, k, rows.stride(0), w.stride(0), out.stride(0) if out.dim() == 2 else 0, *rope_scalars, num_parts,
+        float(eps), HAS_BIAS=bias is not None, NORM=norm is not None, ADD_NORM=add_norm is not None,
+        BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
         PDL=pdl, PRELOAD=cfg.preload_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -534,57 +568,31 @@ def _unsplit(x: torch.Tensor, w: torch.Tensor) -> bool:
     return default_config(x.numel() // x.shape[-1], *w.shape, x.device).split_k == 1
 
 
-@dataclass(frozen=True)
-class NormedRows:
-    """``rms_norm(x, weight, eps)`` (:func:`flare.model.layers.rms_norm`), not computed yet.
+def _input(x: torch.Tensor | NormedRows, w: torch.Tensor) -> torch.Tensor | NormedRows:
+    """A selector's input: a NormedRows only where the small-batch kernel takes it."""
+    if isinstance(x, NormedRows) and not (_routes_small_m(x.scaled, w) and _unsplit(x.scaled, w)):
+        return x.materialize()
+    return x
 
-    The decoder's norms return this for rows a small-batch linear will take
-    (:func:`rms_norm_deferred`); the selectors below hand it to the kernel, which
-    multiplies each x tile by the weight, sums the squares on the way through K and
-    scales its fp32 product by 1 / rms once: the norm costs no launch and no pass
-    over memory. It differs from the composite by rounding: the normalised input is
-    not rounded to x's dtype before the product. A selector that cannot fuse it
-    computes the norm first (:meth:`materialize`).
+
+def _rows(x: torch.Tensor | NormedRows) -> torch.Tensor:
+    return x.scaled if isinstance(x, NormedRows) else x
+
+
+def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
+    """``decoder.linear_add_rms_norm``: ``h = residual + x @ w.T``; -> ``(rms_norm(h), h)``.
+
+    On the small-batch path one GEMV adds the residual and leaves the norm to the next
+    GEMV (a :class:`NormedRows`); elsewhere the product and one
+    :func:`elementwise.add_rms_norm` pass.
     """
-
-    x: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-
-    def materialize(self) -> torch.Tensor:
-        return rms_norm(self.x, self.weight, self.eps)
-
-
-def _defers_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    return prefers_small_m(rows, 1, x.shape[-1] if x.dim() else 0, x.dtype, x.device) and weight.dtype == x.dtype \
-        and weight.shape == (x.shape[-1],) and weight.is_contiguous() and x.stride(-1) == 1
-
-
-def rms_norm_deferred(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | NormedRows:
-    """:func:`elementwise.rms_norm`, left to the next linear (a :class:`NormedRows`) for small batches."""
-    if _defers_norm(x, weight):
-        return NormedRows(x, weight, eps)
-    return rms_norm(x, weight, eps)
-
-
-def add_rms_norm_deferred(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
-                          eps: float) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
-    """``decoder.add_rms_norm``: with no pending ``x`` (a :func:`linear_residual` added it
-    already) the norm is deferred as :func:`rms_norm_deferred`; else one
-    :func:`elementwise.add_rms_norm` pass."""
-    if x is None:
-        return rms_norm_deferred(residual, weight, eps), residual
-    return add_rms_norm(x, residual, weight, eps)
-
-
-def _input(x: torch.Tensor | NormedRows, w: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, float] | None]:
-    """A selector's input as (tensor, the norm the kernel applies to it, or None)."""
-    if not isinstance(x, NormedRows):
-        return x, None
-    if _routes_small_m(x.x, w) and _unsplit(x.x, w):
-        return x.x, (x.weight, x.eps)
-    return x.materialize(), None
+    if _routes_small_m(x, w) and _unsplit(x, w) and residual.is_contiguous() \
+            and residual.shape == (*x.shape[:-1], w.shape[0]) and residual.dtype == x.dtype \
+            and weight.dtype == x.dtype and weight.is_contiguous():
+        normed = linear_add_rms_norm_small_m(x, w, residual, weight, eps)
+        return normed, normed.x
+    return add_rms_norm(linear(x, w), residual, weight, eps)
 
 
 def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -593,32 +601,17 @@ def linear(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | N
     The decision reads only shapes, dtypes and the device, so it is fixed per
     captured graph.
     """
-    return _linear(*_input(x, w), w, bias)
-
-
-def _linear(x: torch.Tensor, norm: tuple[torch.Tensor, float] | None, w: torch.Tensor,
-            bias: torch.Tensor | None) -> torch.Tensor:
-    if _routes_small_m(x, w):
-        return linear_small_m(x, w, bias, norm=norm)
+    x = _input(x, w)
+    if _routes_small_m(_rows(x), w):
+        return linear_small_m(x, w, bias)
     return F.linear(x, w, bias)
-
-
-def linear_residual(x: torch.Tensor, w: torch.Tensor,
-                    residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``decoder.linear_residual``: on the small-batch path the GEMV adds the residual
-    itself (-> ``(residual + x @ w.T, None)``); elsewhere the sum is left pending for
-    the next :func:`add_rms_norm_deferred` (-> ``(residual, x @ w.T)``)."""
-    if _routes_small_m(x, w) and _unsplit(x, w) and residual.is_contiguous() \
-            and residual.shape == (*x.shape[:-1], w.shape[0]) and residual.dtype == x.dtype:
-        return linear_small_m(x, w, residual=residual), None
-    return residual, linear(x, w)
 
 
 def linear_float(x: torch.Tensor | NormedRows, w: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, w).float()`` (the logits), one launch on the small-batch path."""
-    x, norm = _input(x, w)
-    if _routes_small_m(x, w):
-        return linear_small_m(x, w, out_dtype=torch.float32, norm=norm)
+    x = _input(x, w)
+    if _routes_small_m(_rows(x), w):
+        return linear_small_m(x, w, out_dtype=torch.float32)
     return F.linear(x, w).float()
 
 
@@ -629,22 +622,24 @@ def linear_qkv_rope_write(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
     """:func:`flare.model.decoder.linear_qkv_rope_write`: one launch on the small-batch path
     (no q/k norm: Qwen3's needs whole heads), else the GEMM and ``qkv_rope_write``."""
     args = (cos_table, sin_table, positions, write_index, k_pool, v_pool)
-    rows, norm = _input(x, w)
+    x = _input(x, w)
+    rows = _rows(x)
     if q_norm is None and _routes_small_m(rows, w) and rows.dim() == 3 and fuses_qkv_rope(rows, w, k_pool.shape[-1]):
-        return linear_qkv_rope_small_m(rows, w, bias, num_heads, *args, norm=norm)
-    return qkv_rope_write(_linear(rows, norm, w, bias), num_heads, q_norm, k_norm, eps, *args)
+        return linear_qkv_rope_small_m(x, w, bias, num_heads, *args)
+    return qkv_rope_write(linear(x, w, bias), num_heads, q_norm, k_norm, eps, *args)
 
 
 def linear_silu(x: torch.Tensor | NormedRows, w: torch.Tensor) -> torch.Tensor:
     """``silu_mul(F.linear(x, w))`` over the fused gate/up weight, fused on the small-batch path."""
-    x, norm = _input(x, w)
-    if _routes_small_m(x, w):
-        if _unsplit(x, w):
-            return linear_silu_small_m(x, w, norm=norm)
+    x = _input(x, w)
+    rows = _rows(x)
+    if _routes_small_m(rows, w):
+        if _unsplit(rows, w):
+            return linear_silu_small_m(x, w)
         return silu_mul(linear_small_m(x, w))
     return silu_mul(F.linear(x, w))
 
 
-__all__ = ["GemvConfig", "MAX_ROWS", "NormedRows", "add_rms_norm_deferred", "default_config", "fuses_qkv_rope",
-           "linear", "linear_float", "linear_qkv_rope_small_m", "linear_qkv_rope_write", "linear_residual",
-           "linear_silu", "linear_silu_small_m", "linear_small_m", "prefers_small_m", "rms_norm_deferred"]
+__all__ = ["GemvConfig", "MAX_ROWS", "NormedRows", "default_config", "fuses_qkv_rope", "linear",
+           "linear_add_rms_norm", "linear_add_rms_norm_small_m", "linear_float", "linear_qkv_rope_small_m",
+           "linear_qkv_rope_write", "linear_silu", "linear_silu_small_m", "linear_small_m", "prefers_small_m"]
