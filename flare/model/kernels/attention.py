@@ -127,9 +127,6 @@ def _paged_attention_kernel(
         page = tl.minimum(tl.maximum(page, 0), num_pool_pages - 1)
         k = tl.load(k_base + (page * s_kp + in_page * s_kt)[None, :] + dims[:, None],
                     mask=dim_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        # V is issued with K, not after the softmax: one memory round trip per step, not two.
-        v = tl.load(v_base + (page * s_vp + in_page * s_vt)[:, None] + dims[None, :],
-                    mask=dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
         visible = (step * BLOCK_N + offs_n)[None, :] < limit[:, None]
         s = tl.where(visible, s, NEG_BIG)
@@ -137,6 +134,8 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m_i - m_new)
         prob = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(prob, axis=1)
+        v = tl.load(v_base + (page * s_vp + in_page * s_vt)[:, None] + dims[None, :],
+                    mask=dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 

@@ -229,10 +229,11 @@ def _linear_small_m_kernel(
         res = tl.load(res_ptr + offs_m[:, None] * s_om + w_index[None, :], mask=m_ok[:, None] & n_ok[None, :],
                       other=0.0)
         next_norm = tl.load(next_norm_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if NORM:  # reduced after the loop: a warp would stall at the sum until the load lands
+    if NORM:
         parts = tl.arange(0, BLOCK_P)
         squares = tl.load(sq_ptr + offs_m[:, None] * num_parts + parts[None, :],
                           mask=m_ok[:, None] & (parts < num_parts)[None, :], other=0.0)
+        inv_rms = libdevice.rsqrt(tl.sum(squares, axis=1) / K + eps)  # [BLOCK_M]
     for k in range(first, k_stop, BLOCK_K):
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
@@ -244,7 +245,7 @@ def _linear_small_m_kernel(
     else:
         result = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     if NORM:
-        result = result * libdevice.rsqrt(tl.sum(squares, axis=1) / K + eps)[:, None]
+        result = result * inv_rms[:, None]
 
     if SPLIT_K > 1:
         tl.store(part_ptr + (split * M + offs_m[:, None]) * N + w_index[None, :], result,
