@@ -154,6 +154,7 @@ class Variant:
     max_splits: int = 16  # attention.MAX_SPLITS
     attention: dict = field(default_factory=dict)  # AttentionLaunch overrides of DECODE_LAUNCH
     norm_warps: int = 8  # elementwise.NORM_WARPS_WIDE
+    gemv_shapes: dict = field(default_factory=dict)  # gemv.SHAPE_OVERRIDES at batch 1
     # Whether the logits must equal the serving variant's bit for bit: launch-only changes
     # compute the same function in the same order; the unfused RoPE epilogue accumulates
     # with contraction, and other warp counts reduce in another order.
@@ -175,6 +176,11 @@ VARIANTS = {
     "attn_stages2": Variant(attention={"num_stages": 2}),
     "norm_warps4": Variant(norm_warps=4, exact=False),
     "norm_warps2": Variant(norm_warps=2, exact=False),
+    # Llama-3-8B's o projection is [4096, 4096], its lm_head [128256, 4096].
+    "o_prefetch": Variant(gemv_shapes={(4096, 4096): {"prefetch_l2": True}}),
+    "o_preload2": Variant(gemv_shapes={(4096, 4096): {"preload_tiles": 2}}),
+    "o_head_prefetch": Variant(gemv_shapes={(4096, 4096): {"prefetch_l2": True},
+                                            (128256, 4096): {"prefetch_l2": True}}),
 }
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
@@ -188,6 +194,7 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     attention.MAX_SPLITS = v.max_splits
     attention.DECODE_LAUNCH = replace(SERVING_DECODE_LAUNCH, **v.attention)
     elementwise.NORM_WARPS_WIDE = v.norm_warps
+    gemv.SHAPE_OVERRIDES = dict(v.gemv_shapes)
     ops = cuda_ops()
     if "silu" in v.unfused:
         ops = replace(ops, linear_silu=lambda x, w: kernels.silu_mul(kernels.linear(x, w)))
