@@ -174,6 +174,8 @@ VARIANTS = {
     "merge_in_kernel": Variant(attention={"merge_in_kernel": True}),
     "attn_warps2": Variant(attention={"num_warps": 2}, exact=False),
     "attn_stages2": Variant(attention={"num_stages": 2}),
+    "attn_strided": Variant(attention={"strided": True}, exact=False),
+    "attn_contiguous": Variant(attention={"strided": False}, exact=False),
     "norm_warps4": Variant(norm_warps=4, exact=False),
     "norm_warps2": Variant(norm_warps=2, exact=False),
     # Llama-3-8B's o projection is [4096, 4096], its lm_head [128256, 4096].
