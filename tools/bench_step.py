@@ -155,6 +155,7 @@ class Variant:
     attention: dict = field(default_factory=dict)  # AttentionLaunch overrides of DECODE_LAUNCH
     norm_warps: int = 8  # elementwise.NORM_WARPS_WIDE
     gemv_shapes: dict = field(default_factory=dict)  # gemv.SHAPE_OVERRIDES at batch 1
+    merge_rows: int = 16  # attention.MERGE_ROWS
     # Whether the logits must equal the serving variant's bit for bit: launch-only changes
     # compute the same function in the same order; the unfused RoPE epilogue accumulates
     # with contraction, and other warp counts reduce in another order.
@@ -176,6 +177,8 @@ VARIANTS = {
     "attn_stages2": Variant(attention={"num_stages": 2}),
     "attn_strided": Variant(attention={"strided": True}, exact=False),
     "attn_contiguous": Variant(attention={"strided": False}, exact=False),
+    "merge_rows4": Variant(merge_rows=4),
+    "strided_merge_rows4": Variant(attention={"strided": True}, merge_rows=4, exact=False),
     "norm_warps4": Variant(norm_warps=4, exact=False),
     "norm_warps2": Variant(norm_warps=2, exact=False),
     # Llama-3-8B's o projection is [4096, 4096], its lm_head [128256, 4096].
@@ -197,6 +200,7 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     attention.DECODE_LAUNCH = replace(SERVING_DECODE_LAUNCH, **v.attention)
     elementwise.NORM_WARPS_WIDE = v.norm_warps
     gemv.SHAPE_OVERRIDES = dict(v.gemv_shapes)
+    attention.MERGE_ROWS = v.merge_rows
     ops = cuda_ops()
     if "silu" in v.unfused:
         ops = replace(ops, linear_silu=lambda x, w: kernels.silu_mul(kernels.linear(x, w)))
