@@ -175,14 +175,10 @@ VARIANTS = {
     "merge_in_kernel": Variant(attention={"merge_in_kernel": True}),
     "attn_warps2": Variant(attention={"num_warps": 2}, exact=False),
     "attn_stages2": Variant(attention={"num_stages": 2}),
-    "attn_strided": Variant(attention={"strided": True}, exact=False),
-    "attn_contiguous": Variant(attention={"strided": False}, exact=False),
     "merge_rows4": Variant(merge_rows=4),
-    "strided_merge_rows4": Variant(attention={"strided": True}, merge_rows=4, exact=False),
     "norm_warps4": Variant(norm_warps=4, exact=False),
     "norm_warps2": Variant(norm_warps=2, exact=False),
     # Llama-3-8B's o projection is [4096, 4096], its lm_head [128256, 4096].
-    "o_prefetch": Variant(gemv_shapes={(4096, 4096): {"prefetch_l2": True}}),
     "o_preload2": Variant(gemv_shapes={(4096, 4096): {"preload_tiles": 2}}),
     # Other tiles sum in another order: not bit-identical.
     "gate_up_8x512": Variant(gemv_shapes={(28672, 4096): {"block_n": 8, "block_k": 512}}, exact=False),
@@ -192,8 +188,6 @@ VARIANTS = {
     "gate_up_o_8x512": Variant(gemv_shapes={(28672, 4096): {"block_n": 8, "block_k": 512},
                                             (4096, 4096): {"block_n": 8, "block_k": 512}}, exact=False),
     "qkv_8x512": Variant(gemv_shapes={(6144, 4096): {"block_n": 8, "block_k": 512}}, exact=False),
-    "o_head_prefetch": Variant(gemv_shapes={(4096, 4096): {"prefetch_l2": True},
-                                            (128256, 4096): {"prefetch_l2": True}}),
 }
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 

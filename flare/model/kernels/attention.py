@@ -74,7 +74,7 @@ def _paged_attention_kernel(
     s_pb, s_pq, s_tb,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, STRIDED: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PDL: tl.constexpr,
 ):
     # MERGE_IN_KERNEL (with NUM_SPLITS > 1): the last split of a (row, kv head, block) to
     # finish merges the partials itself (counter_ptr counts finished splits), instead of
@@ -101,40 +101,43 @@ def _paged_attention_kernel(
     kv_len = tl.load(kv_lens_ptr + b)
     kv_len = tl.minimum(tl.maximum(kv_len, 0), max_pages * PAGE)
     position = tl.load(positions_ptr + b * s_pb + token * s_pq, mask=row_ok, other=-1)
+    limit = tl.minimum(position + 1, kv_len)
+    limit = tl.where(row_ok, tl.maximum(limit, 0), 0)  # [BLOCK_M]
     # Keys are visited BLOCK_N = PAGE * PAGES_PER_STEP at a time.
+    num_steps = tl.cdiv(tl.max(limit, axis=0), BLOCK_N)
+    steps_per_split = tl.cdiv(num_steps, NUM_SPLITS)
+    first = split * steps_per_split
+    last = tl.minimum(first + steps_per_split, num_steps)
+
+    m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     in_page = offs_n % PAGE
     k_base = k_ptr + kv_head * s_kh
     v_base = v_ptr + kv_head * s_vh
     table = page_table_ptr + b * s_tb
-    m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if STRIDED:
-        # Split s takes steps s, s + S, s + 2S, ...: its first step is known before the
-        # row's length is, so its K/V loads leave with the length's (clamped page ids keep
-        # a step past the row in the pool; it is dropped once the length is known).
-        k, v = _load_step(split, table, k_base, v_base, in_page, offs_n, dims, dim_ok, max_pages, num_pool_pages,
-                          s_kp, s_kt, s_vp, s_vt, PAGE, PAGES_PER_STEP)
-    limit = tl.minimum(position + 1, kv_len)
-    limit = tl.where(row_ok, tl.maximum(limit, 0), 0)  # [BLOCK_M]
-    num_steps = tl.cdiv(tl.max(limit, axis=0), BLOCK_N)
-    if STRIDED:
-        if split < num_steps:
-            m_i, l_i, acc = _attend(q, k, v, split, limit, m_i, l_i, acc, qk_scale, offs_n, BLOCK_N, PRECISION)
-        for step in range(split + NUM_SPLITS, num_steps, NUM_SPLITS):
-            k, v = _load_step(step, table, k_base, v_base, in_page, offs_n, dims, dim_ok, max_pages, num_pool_pages,
-                              s_kp, s_kt, s_vp, s_vt, PAGE, PAGES_PER_STEP)
-            m_i, l_i, acc = _attend(q, k, v, step, limit, m_i, l_i, acc, qk_scale, offs_n, BLOCK_N, PRECISION)
-    else:
-        # Split s takes a contiguous run of steps.
-        steps_per_split = tl.cdiv(num_steps, NUM_SPLITS)
-        first = split * steps_per_split
-        last = tl.minimum(first + steps_per_split, num_steps)
-        for step in range(first, last):
-            k, v = _load_step(step, table, k_base, v_base, in_page, offs_n, dims, dim_ok, max_pages, num_pool_pages,
-                              s_kp, s_kt, s_vp, s_vt, PAGE, PAGES_PER_STEP)
-            m_i, l_i, acc = _attend(q, k, v, step, limit, m_i, l_i, acc, qk_scale, offs_n, BLOCK_N, PRECISION)
+    for step in range(first, last):
+        if PAGES_PER_STEP == 1:
+            page = tl.load(table + step).to(tl.int64)
+        else:
+            # Per key: its page's id (the last step may run past Pmax: scratch page, masked).
+            page_idx = step * PAGES_PER_STEP + offs_n // PAGE
+            page = tl.load(table + page_idx, mask=page_idx < max_pages, other=0).to(tl.int64)
+        page = tl.minimum(tl.maximum(page, 0), num_pool_pages - 1)
+        k = tl.load(k_base + (page * s_kp + in_page * s_kt)[None, :] + dims[:, None],
+                    mask=dim_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        visible = (step * BLOCK_N + offs_n)[None, :] < limit[:, None]
+        s = tl.where(visible, s, NEG_BIG)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        prob = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(prob, axis=1)
+        v = tl.load(v_base + (page * s_vp + in_page * s_vt)[:, None] + dims[None, :],
+                    mask=dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -163,40 +166,6 @@ def _paged_attention_kernel(
                 tl.store(out_ptr + b * s_ob + token[:, None] * s_oq + head[:, None] * s_oh + dims[None, :],
                          merged.to(out_ptr.dtype.element_ty), mask=store_ok)
                 tl.atomic_xchg(counter, 0)  # ready for the next launch
-
-
-@triton.jit
-def _load_step(step, table, k_base, v_base, in_page, offs_n, dims, dim_ok, max_pages, num_pool_pages,
-               s_kp, s_kt, s_vp, s_vt, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr):
-    """K [BLOCK_D, BLOCK_N] and V [BLOCK_N, BLOCK_D] of one step's pages, both issued at once.
-
-    Page ids past the table read the scratch page and every id is clamped into the pool,
-    so any step number loads in bounds.
-    """
-    if PAGES_PER_STEP == 1:
-        page = tl.load(table + tl.minimum(step, max_pages - 1)).to(tl.int64)
-    else:
-        page_idx = step * PAGES_PER_STEP + offs_n // PAGE
-        page = tl.load(table + page_idx, mask=page_idx < max_pages, other=0).to(tl.int64)
-    page = tl.minimum(tl.maximum(page, 0), num_pool_pages - 1)
-    k = tl.load(k_base + (page * s_kp + in_page * s_kt)[None, :] + dims[:, None], mask=dim_ok[:, None], other=0.0)
-    v = tl.load(v_base + (page * s_vp + in_page * s_vt)[:, None] + dims[None, :], mask=dim_ok[None, :], other=0.0)
-    return k, v
-
-
-@triton.jit
-def _attend(q, k, v, step, limit, m_i, l_i, acc, qk_scale, offs_n, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """One online-softmax step over the keys of ``step`` (FlashAttention-2's rescaled
-    accumulator, scores in log2 units); keys at or past a row's ``limit`` are masked."""
-    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    visible = (step * BLOCK_N + offs_n)[None, :] < limit[:, None]
-    s = tl.where(visible, s, NEG_BIG)
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    prob = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
-    l_i = l_i * alpha + tl.sum(prob, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
-    return m_new, l_i, acc
 
 
 @triton.jit
@@ -288,11 +257,9 @@ class AttentionLaunch:
     num_stages: int = 3
     waves: int = DECODE_WAVES
     # With context splits: the last split to finish merges the partials (one launch less)
-    # instead of the merge kernel. Slower on the H200 (bench_step: 3.94 against 3.88 ms).
+    # instead of the merge kernel. Slower on the H200 (tools/bench_step.py: 3.940-3.947
+    # ms per step against 3.883-3.893 with the merge kernel), so off.
     merge_in_kernel: bool = False
-    # Split s takes steps s, s + S, ... instead of a contiguous run, so its first K/V
-    # loads need no row length (see the kernel).
-    strided: bool = False
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -370,8 +337,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         pos.stride(0), pos.stride(1), table.stride(0),
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
         PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
-        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None,
-        STRIDED=launch.strided, PDL=pdl,
+        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None, PDL=pdl,
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
     )
     if num_splits > 1 and counters is None:

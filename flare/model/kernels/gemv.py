@@ -72,10 +72,6 @@ class GemvConfig:
     mode: str = "dot"
     # Under PDL: weight tiles (1 or 2) loaded into registers before the grid-dependency wait.
     preload_tiles: int = 1
-    # Under PDL: ask L2 for the rest of the program's weight rows before the wait too. It
-    # pays only where the GEMV waits on latency-bound kernels with HBM idle (the o
-    # projection behind attention); back to back with another GEMV it competes with it.
-    prefetch_l2: bool = False
 
 
 @triton.jit
@@ -92,13 +88,6 @@ def _load_x(x_rows, ks, k_stop, m_ok, EVEN_K: tl.constexpr):
     if EVEN_K:
         return tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
     return tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k_stop)[None, :], other=0.0)
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask for the 128-byte lines at ``ptrs`` to be pulled into L2 (no registers, no wait)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0 unused", "=r,l", [ptrs], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -173,7 +162,7 @@ def _linear_small_m_kernel(
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK_P: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     # EPILOGUE: PLAIN stores x @ w.T (+ bias); GLU silu(gate) * up; ROPE the qkv
     # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
@@ -229,12 +218,6 @@ def _linear_small_m_kernel(
         w_first = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         if PRELOAD == 2:  # masked: the range may hold one tile
             w_second = _load_w(w_rows, ks + BLOCK_K, k_stop, n_ok, EVEN_N, False)
-        if PREFETCH_LINES > 0:
-            # One address per LINE-element (128-byte) line of the rows past the preloaded
-            # tiles, clamped into the program's range (never a line outside the matrix).
-            line_k = tl.minimum(k_start + PRELOAD * BLOCK_K + tl.arange(0, PREFETCH_LINES) * LINE, k_stop - 1)
-            rows_ok = tl.where(n_ok, w_index, w_index * 0).to(tl.int64)
-            _prefetch_l2(w_ptr + rows_ok[:, None] * s_wn + line_k[None, :])
         wait_for_inputs(PDL)
     if NORM:
         # Issued before the first x tile, so both L2 round trips overlap and the sum (a
@@ -551,9 +534,6 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
     else:
         rope_args, rope_scalars, half = (out,) * 6, (0, 0, 0, 0), 1
     pdl = pdl_level(rows)
-    line = 128 // w.element_size()
-    rest = triton.cdiv(k, cfg.split_k) - cfg.preload_tiles * cfg.block_k
-    prefetch_lines = next_power_of_2(triton.cdiv(rest, line)) if cfg.prefetch_l2 and pdl and rest > 0 else 0
     squares, eps = norm if norm is not None else (out, 0.0)
     num_parts = squares.shape[1] if norm is not None else 1
     add_norm_args = add_norm if add_norm is not None else (out,) * 4
@@ -564,8 +544,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
-        PDL=pdl, PRELOAD=cfg.preload_tiles, PREFETCH_LINES=prefetch_lines, LINE=line,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, PRELOAD=cfg.preload_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE rounds each product before its sum: no multiply-add contraction there.
         **({"enable_fp_fusion": False} if epilogue == EPILOGUE_ROPE else {}), **pdl_options(pdl),
     )

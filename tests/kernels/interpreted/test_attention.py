@@ -155,19 +155,3 @@ def test_prefill_dispatch_mixes_fresh_and_cached_rows(dtype):
     own = fresh_sdpa_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
     assert torch.equal(out[0], own[0]), "the fresh row must come from SDPA"
     assert not torch.equal(out[1], own[1]), "the cached row must come from the paged kernel"
-
-
-@pytest.mark.parametrize("q_len, num_splits, pages_per_step", [(1, 3, 1), (1, MAX_SPLITS, 1), (1, 2, 2), (64, 2, 1)],
-                         ids=["decode-splits3", "decode-splits16", "decode-two-pages", "prefill-splits2"])
-def test_strided_splits(q_len, num_splits, pages_per_step):
-    """Splits taking every S-th step (their first K/V loaded before the row length is
-    known): rows shorter than the split count, empty rows and padding rows, steps past
-    Pmax, and a prefill chunk over a prefix."""
-    case = build_case(kv_lens=[320, 1, 250, 0, 65], q_len=q_len, num_heads=4, num_kv_heads=2, head_dim=32,
-                      max_pages=5, dtype=torch.bfloat16, seed=10, shared_pages=1, padding_rows=(3,))
-    launch = AttentionLaunch(pages_per_step=pages_per_step, num_stages=2, strided=True)
-    fn = paged_decode_attention if q_len == 1 else paged_prefill_attention
-    out = fn(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=num_splits, launch=launch)
-    check_attention(f"{fn.__name__} (strided, {num_splits} splits)", out, case)
-    if q_len == 1:
-        assert torch.equal(out[3].float(), torch.zeros_like(out[3].float())), "a row with no keys must output zeros"
