@@ -181,6 +181,11 @@ VARIANTS = {
     # Llama-3-8B's o projection is [4096, 4096], its lm_head [128256, 4096].
     "o_preload2": Variant(gemv_shapes={(4096, 4096): {"preload_tiles": 2}}),
     # Other tiles sum in another order: not bit-identical.
+    "qkv_2x1024": Variant(gemv_shapes={(6144, 4096): {"block_n": 2}}, exact=False),
+    "o_2x1024": Variant(gemv_shapes={(4096, 4096): {"block_n": 2}}, exact=False),
+    "down_2x1024": Variant(gemv_shapes={(4096, 14336): {"block_n": 2}}, exact=False),
+    "narrow_2x1024": Variant(gemv_shapes={(6144, 4096): {"block_n": 2}, (4096, 4096): {"block_n": 2},
+                                          (4096, 14336): {"block_n": 2}}, exact=False),
     "gate_up_8x512": Variant(gemv_shapes={(28672, 4096): {"block_n": 8, "block_k": 512}}, exact=False),
     "gate_up_8x1024_w4": Variant(gemv_shapes={(28672, 4096): {"block_n": 8, "block_k": 1024, "num_warps": 4}},
                                  exact=False),
