@@ -23,11 +23,14 @@ program loads its first weight tile before waiting on the previous kernel.
 Epilogues: the plain product (optionally stored as float32, for the logits), the
 gate/up product's SiLU-mul (:func:`linear_silu_small_m`) and the qkv product's RoPE
 and K/V scatter (:func:`linear_qkv_rope_small_m`); each permutes which weight rows
-a program owns so that it holds every input of its outputs. :func:`linear`,
-:func:`linear_silu`, :func:`linear_float` and :func:`linear_qkv_rope_write` are the
-selectors: they run the kernel where it was measured to beat
-``torch.nn.functional.linear`` and fall back to torch (and the elementwise kernels)
-everywhere else.
+a program owns so that it holds every input of its outputs. The o and down
+projections' epilogue adds the residual and prepares the next RMSNorm
+(:func:`linear_add_rms_norm_small_m`), which the next GEMV applies to its input
+(:class:`NormedRows`): a small-batch step runs no norm kernel between its first
+and its last. :func:`linear`, :func:`linear_silu`, :func:`linear_float`,
+:func:`linear_qkv_rope_write` and :func:`linear_add_rms_norm` are the selectors:
+they run the kernel where it was measured to beat ``torch.nn.functional.linear``
+and fall back to torch (and the elementwise kernels) everywhere else.
 """
 
 from __future__ import annotations
