@@ -44,8 +44,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count, start_next_kernel_early,
-    wait_for_inputs,
+    next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count,
+    start_next_kernel_early, wait_for_inputs,
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 
@@ -162,7 +162,8 @@ def _linear_small_m_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, sq_ptr, res_ptr, next_norm_ptr, scaled_ptr, sq_out_ptr,
     cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr, v_pool_ptr,
     M, N, K, s_xm, s_wn, s_om, s_cos, s_sin, num_heads, num_kv, num_parts, eps,
-    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK_P: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK_P: tl.constexpr,
+    SPLIT_K: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
     PRELOAD: tl.constexpr,
