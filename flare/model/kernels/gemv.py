@@ -381,6 +381,12 @@ class NormedRows:
         return rms_norm(self.x, self.weight, self.eps)
 
 
+def _rows(x: torch.Tensor | NormedRows) -> torch.Tensor:
+    """The tensor a kernel reads for input x (a NormedRows' scaled rows: x's shape, dtype
+    and device)."""
+    return x.scaled if isinstance(x, NormedRows) else x
+
+
 def linear_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                    config: GemvConfig | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for at most MAX_ROWS rows: x ``[..., K]``, w ``[N, K]`` -> ``[..., N]``.
@@ -396,7 +402,7 @@ def linear_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Te
             f"out_dtype must be x's dtype or float32, got {out_dtype}")
     out = torch.empty((rows.shape[0], w.shape[0]), dtype=out_dtype or rows.dtype, device=rows.device)
     _launch(rows, w, bias, out, cfg, epilogue=EPILOGUE_PLAIN, outputs=w.shape[0], norm=norm)
-    return out.view(*_shape(x)[:-1], w.shape[0])
+    return out.view(*_rows(x).shape[:-1], w.shape[0])
 
 
 def linear_add_rms_norm_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, residual: torch.Tensor,
@@ -412,7 +418,7 @@ def linear_add_rms_norm_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, r
     kernel = "linear_add_rms_norm_small_m"
     rows, cfg, norm = _prepare(kernel, x, w, None, config)
     n = w.shape[0]
-    out_shape = (*_shape(x)[:-1], n)
+    out_shape = (*_rows(x).shape[:-1], n)
     require(residual.shape == out_shape and residual.dtype == rows.dtype and residual.is_contiguous(), kernel,
             f"residual must be a contiguous {out_shape} {rows.dtype} tensor, got {tuple(residual.shape)} "
             f"{residual.dtype}")
@@ -443,7 +449,7 @@ def linear_silu_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, *,
             f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
     out = torch.empty((rows.shape[0], inter), dtype=rows.dtype, device=rows.device)
     _launch(rows, w, None, out, cfg, epilogue=EPILOGUE_GLU, outputs=inter, norm=norm)
-    return out.view(*_shape(x)[:-1], inter)
+    return out.view(*_rows(x).shape[:-1], inter)
 
 
 def fuses_qkv_rope(x: torch.Tensor, w: torch.Tensor, head_dim: int, config: GemvConfig | None = None) -> bool:
@@ -471,9 +477,9 @@ def linear_qkv_rope_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias:
     :func:`linear_small_m`.
     """
     kernel = "linear_qkv_rope_small_m"
-    require(len(_shape(x)) == 3, kernel, f"x must be [B, Q, K], got {tuple(_shape(x))}")
+    inputs = _rows(x)
+    require(inputs.dim() == 3, kernel, f"x must be [B, Q, K], got {tuple(inputs.shape)}")
     rows, cfg, norm = _prepare(kernel, x, w, bias, config)
-    inputs = x.x if isinstance(x, NormedRows) else x
     b, nq, _ = inputs.shape
     hkv, d = check_rope_targets(kernel, inputs, cos_table, sin_table, positions, write_index, k_pool, v_pool)
     require(w.shape[0] == (num_heads + 2 * hkv) * d, kernel,
@@ -487,15 +493,11 @@ def linear_qkv_rope_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias:
     return q
 
 
-def _shape(x: torch.Tensor | NormedRows) -> torch.Size:
-    return x.x.shape if isinstance(x, NormedRows) else x.shape
-
-
 def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None,
              config: GemvConfig | None) -> tuple[torch.Tensor, GemvConfig, tuple[torch.Tensor, float] | None]:
     """Checks shared by the launchers; -> (the kernel's x as [M, K] rows, the launch config,
     (partial squares [M, P], eps) when x is a NormedRows, else None)."""
-    inputs = x.scaled if isinstance(x, NormedRows) else x
+    inputs = _rows(x)
     _check(kernel, inputs, w, bias)
     n, k = w.shape
     rows = inputs.reshape(-1, k)
@@ -587,10 +589,6 @@ def _input(x: torch.Tensor | NormedRows, w: torch.Tensor) -> torch.Tensor | Norm
     if isinstance(x, NormedRows) and not (_routes_small_m(x.scaled, w) and _unsplit(x.scaled, w)):
         return x.materialize()
     return x
-
-
-def _rows(x: torch.Tensor | NormedRows) -> torch.Tensor:
-    return x.scaled if isinstance(x, NormedRows) else x
 
 
 def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
