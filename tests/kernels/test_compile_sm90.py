@@ -164,11 +164,15 @@ def test_attention_kernels_compile_for_sm90(launches):
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
     assert len(names) >= 2, names
-    # The in-kernel merge: every thread fences its partials, one device-scope acq_rel count,
-    # and the last split reads the partials from L2.
+    # The in-kernel merge: a CTA barrier after the partial stores, then one device-scope
+    # acq_rel count, and the last split reads the partials from L2.
     merging = [text for text in ptx["_paged_attention_kernel"] if "atom.global.gpu.acq_rel.add" in text]
-    assert merging and all("fence.acq_rel.gpu" in text and "ld.global.cg" in text for text in merging), \
-        "the in-kernel merge lost its fence, its ordered count or its L2 reads"
+    for text in merging:
+        body = text[text.index(".entry"):]
+        count = body.index("atom.global.gpu.acq_rel.add")
+        assert "bar.sync" in body[:count] and "ld.global.cg" in body[count:], \
+            "the in-kernel merge lost its barrier, its ordered count or its L2 reads"
+    assert merging, "no in-kernel merge was compiled"
 
 
 def test_greedy_sampling_kernels_compile_for_sm90(launches):

@@ -41,7 +41,7 @@ import triton.language as tl
 from ...config import PAGE_TOKENS
 from ..attention import AttentionBatch, fresh_sdpa_attention
 from ._common import (
-    dot_precision, fence_device, next_power_of_2, pdl_level, pdl_options, require, require_float,
+    dot_precision, next_power_of_2, pdl_level, pdl_options, require, require_float,
     require_inner_contiguous, require_same_device, sm_count, wait_for_inputs,
 )
 
@@ -76,9 +76,9 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PDL: tl.constexpr,
 ):
-    # MERGE_IN_KERNEL (with NUM_SPLITS > 1): the last split of a (row, kv head, block) to
-    # finish merges the partials itself (counter_ptr counts finished splits), instead of
-    # the separate merge kernel.
+    # MERGE_IN_KERNEL (with NUM_SPLITS > 1): no merge kernel. Of a (row, kv head, block),
+    # only the splits that hold keys take part: one alone writes the output, several
+    # count themselves in at counter_ptr and the last to finish merges their partials.
     wait_for_inputs(PDL)
     block = tl.program_id(0)
     pair = tl.program_id(1)
@@ -142,50 +142,67 @@ def _paged_attention_kernel(
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     store_ok = row_ok[:, None] & dim_ok[None, :]
+    out_rows = out_ptr + b * s_ob + token[:, None] * s_oq + head[:, None] * s_oh + dims[None, :]
+    if MERGE_IN_KERNEL:
+        # Splits holding keys: the first cdiv(num_steps, steps_per_split) (none for a
+        # padding row, whose output split 0 writes as zeros).
+        active = tl.where(num_steps > 0, tl.cdiv(num_steps, tl.maximum(steps_per_split, 1)), 0)
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + b * s_ob + token[:, None] * s_oq + head[:, None] * s_oh + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=store_ok)
+        tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
+    elif MERGE_IN_KERNEL:
+        if active <= 1:
+            if split == 0:  # exactly what the merge of one non-empty split gives
+                tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
+        elif split < active:
+            part_row = ((split * batch_size + b) * num_queries + token) * num_heads + head
+            tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], out, mask=store_ok)
+            tl.store(part_lse_ptr + part_row, _log_sum_exp(m_i, l_i, has_keys), mask=row_ok)
+            # The CTA's partial stores, then one thread's device-scope release count: the
+            # split that counts last acquires them and reads them from L2 (.cg), never
+            # from a stale L1 line (CUTLASS's semaphore: barrier, then one release).
+            tl.debug_barrier()
+            counter = counter_ptr + block * (batch_size * NUM_KV_HEADS) + pair
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
+                num_rows = batch_size * num_queries * num_heads
+                flat = (b * num_queries + token) * num_heads + head
+                merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
+                                         active, NUM_SPLITS, HEAD_DIM, ".cg")
+                tl.store(out_rows, merged.to(out_ptr.dtype.element_ty), mask=store_ok)
+                tl.atomic_xchg(counter, 0)  # ready for the next launch
     else:
         # Partials are [S, B, Q, H, D] (and [S, B, Q, H] for the log-sum-exp), contiguous.
         part_row = ((split * batch_size + b) * num_queries + token) * num_heads + head
         tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], out, mask=store_ok)
-        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), NEG_BIG)
-        tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
-        if MERGE_IN_KERNEL:
-            # Every thread's partial stores are made visible at device scope before the
-            # count (the threadfence-reduction pattern); the last split reads the others'
-            # partials from L2 (.cg), never from a stale L1 line.
-            fence_device()
-            tl.debug_barrier()
-            counter = counter_ptr + block * (batch_size * NUM_KV_HEADS) + pair
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                num_rows = batch_size * num_queries * num_heads
-                flat = (b * num_queries + token) * num_heads + head
-                merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
-                                         NUM_SPLITS, HEAD_DIM, ".cg")
-                tl.store(out_ptr + b * s_ob + token[:, None] * s_oq + head[:, None] * s_oh + dims[None, :],
-                         merged.to(out_ptr.dtype.element_ty), mask=store_ok)
-                tl.atomic_xchg(counter, 0)  # ready for the next launch
+        tl.store(part_lse_ptr + part_row, _log_sum_exp(m_i, l_i, has_keys), mask=row_ok)
 
 
 @triton.jit
-def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask,
+def _log_sum_exp(m_i, l_i, has_keys):
+    """A split's log2-sum-exp per query row (NEG_BIG where it saw no key: weight 0)."""
+    return tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), NEG_BIG)
+
+
+@triton.jit
+def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, num_active,
                     NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):
     """The merged output of flat (b, token, head) ``rows`` from the splits' normalised
-    partials [S, rows, D] and log-sum-exps [S, rows], in split order."""
+    partials [S, rows, D] and log-sum-exps [S, rows], in split order; only the first
+    ``num_active`` splits are read (the rest weigh exactly 0 where written: the same bits)."""
     lse_max = tl.full(rows.shape, NEG_BIG, dtype=tl.float32)
     for split in tl.static_range(NUM_SPLITS):
-        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + split * num_rows + rows, mask=row_ok, other=NEG_BIG,
+        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + split * num_rows + rows,
+                                              mask=row_ok & (split < num_active), other=NEG_BIG,
                                               cache_modifier=CACHE))
     # The split holding the maximum weighs 1, so the denominator is never 0 (all
     # splits empty: every weight is 1 and every partial is 0).
     weight_sum = tl.zeros(rows.shape, dtype=tl.float32)
     acc = tl.zeros([rows.shape[0], dims.shape[0]], dtype=tl.float32)
     for split in tl.static_range(NUM_SPLITS):
-        lse = tl.load(part_lse_ptr + split * num_rows + rows, mask=row_ok, other=NEG_BIG, cache_modifier=CACHE)
+        lse = tl.load(part_lse_ptr + split * num_rows + rows, mask=row_ok & (split < num_active), other=NEG_BIG,
+                      cache_modifier=CACHE)
         weight = tl.exp2(lse - lse_max)
         part = tl.load(part_o_ptr + (split * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :],
-                       mask=mask, other=0.0, cache_modifier=CACHE)
+                       mask=mask & (split < num_active), other=0.0, cache_modifier=CACHE)
         weight_sum += weight
         acc += part * weight[:, None]
     return acc / weight_sum[:, None]
@@ -207,7 +224,8 @@ def _merge_splits_kernel(
     b = rows // (num_heads * num_queries)
     dims = tl.arange(0, BLOCK_D)
     mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, NUM_SPLITS, HEAD_DIM, "")
+    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, NUM_SPLITS, NUM_SPLITS,
+                          HEAD_DIM, "")
     tl.store(out_ptr + (b * s_ob + token * s_oq + head * s_oh)[:, None] + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
