@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,6 +39,7 @@ from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache  # noqa: 
 from flare.model.checkpoint import random_runtime_weights  # noqa: E402
 from flare.model.decoder import Decoder, cuda_ops  # noqa: E402
 from flare.model.kernels import _common, attention, elementwise, gemv  # noqa: E402
+from flare.model.kernels._common import wait_for_inputs  # noqa: E402
 from flare.model.kernels.sampling import greedy_tokens  # noqa: E402
 from flare.model.spec import ModelSpec  # noqa: E402
 
@@ -156,6 +159,9 @@ class Variant:
     norm_warps: int = 8  # elementwise.NORM_WARPS_WIDE
     gemv_shapes: dict = field(default_factory=dict)  # gemv.SHAPE_OVERRIDES at batch 1
     merge_rows: int = 16  # attention.MERGE_ROWS
+    # Extra one-program kernels after each layer's attention (PDL like the step's own): what
+    # one more kernel boundary in the chain costs.
+    extra_kernels: int = 0
     # Whether the logits must equal the serving variant's bit for bit: launch-only changes
     # compute the same function in the same order; the unfused RoPE epilogue accumulates
     # with contraction, and other warp counts reduce in another order.
@@ -201,6 +207,11 @@ VARIANTS = {
     "gate_up_4x512": Variant(gemv_shapes={(28672, 4096): {"block_k": 512}}, exact=False),
     "narrow_4x512": Variant(gemv_shapes={(6144, 4096): {"block_k": 512}, (4096, 4096): {"block_k": 512},
                                          (4096, 14336): {"block_k": 512}}, exact=False),
+    # The o and down GEMVs (the fused norms' producers) with 8 x 1024 tiles over 4 warps.
+    "o_down_8x1024_w4": Variant(gemv_shapes={(4096, 4096): {"block_n": 8, "num_warps": 4},
+                                             (4096, 14336): {"block_n": 8, "num_warps": 4}}, exact=False),
+    "extra_kernel": Variant(extra_kernels=1),
+    "extra_kernels4": Variant(extra_kernels=4),
     # One attention program per (row, kv head): no merge kernel, the pages in sequence.
     "splits1": Variant(max_splits=1, exact=False),
     "splits1_pps2": Variant(max_splits=1, attention={"pages_per_step": 2}, exact=False),
@@ -208,6 +219,23 @@ VARIANTS = {
                                exact=False),
 }
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
+
+
+@triton.jit
+def _touch_kernel(x_ptr, PDL: tl.constexpr):
+    """Wait for the previous kernel and rewrite one element of its output (no change)."""
+    wait_for_inputs(PDL)
+    tl.store(x_ptr, tl.load(x_ptr))
+
+
+def _with_extra_kernels(attend, count: int):
+    def run(*args):
+        out = attend(*args)
+        level = _common.pdl_level(out)
+        for _ in range(count):
+            _touch_kernel[(1,)](out, PDL=level, num_warps=1, **_common.pdl_options(level))
+        return out
+    return run
 
 
 def apply_variant(name: str, decoder: Decoder) -> Variant:
@@ -230,6 +258,8 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     if "norm" in v.unfused:
         ops = replace(ops, linear_add_rms_norm=lambda x, w, residual, weight, eps: kernels.add_rms_norm(
             kernels.linear(x, w), residual, weight, eps))
+    if v.extra_kernels:
+        ops = replace(ops, attention=_with_extra_kernels(ops.attention, v.extra_kernels))
     decoder.ops = ops
     return v
 

@@ -317,15 +317,21 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
     distinct weights per shape (cuBLAS in brackets):
 
     - M=1: FMA over 4 x 1024 tiles, two warps: qkv 81.6 (76.0), o 76.1 (61.3),
-      gate_up 98.7 (89.9), down 95.0 (85.8), lm_head 103.2 (98.5).
+      gate_up 98.7 (89.9), down 95.0 (85.8), lm_head 103.2 (98.5). In the step, o and
+      down do better with 8 x 1024 tiles over four warps (below).
     - M=8 (the tensor-core "swap" mode, weight as the wide operand): qkv 80.2 (74.8)
       with 64 x 128 x 6 stages, o 69.5 (60.0) and down 90.1 (84.0) with 32 x 256,
       gate_up 96.6 (96.4) and lm_head 101.7 (97.9) with 64 x 128 x 4 stages.
     """
     sms = sm_count(device)
     if m == 1:
-        cfg = GemvConfig(block_n=4, block_k=1024, num_warps=2, num_stages=3, mode="fma",
-                         preload_tiles=PRELOAD_TILES)
+        # Narrow outputs over a long K (Llama-3-8B's o and down, which prepare the fused
+        # norms): 8 rows over 4 warps, half the programs and half the partial squares for
+        # the next GEMV to sum. tools/bench_step.py, H200: 3.790-3.801 ms a step against
+        # 3.811-3.818 with 4 rows over 2 warps (and 3.799-3.800 against 3.811-3.816).
+        narrow = n <= 4096 and k >= 4096
+        cfg = GemvConfig(block_n=8 if narrow else 4, block_k=1024, num_warps=4 if narrow else 2, num_stages=3,
+                         mode="fma", preload_tiles=PRELOAD_TILES)
         cfg = replace(cfg, **SHAPE_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")

@@ -21,6 +21,7 @@ from flare.model.kernels import (
 from flare.model.spec import ModelSpec
 
 FMA = GemvConfig(block_n=4, block_k=64, num_warps=2, num_stages=3, mode="fma")
+FMA8 = GemvConfig(block_n=8, block_k=64, num_warps=4, num_stages=3, mode="fma")  # batch 1's o and down
 SWAP = GemvConfig(block_n=16, block_k=64, mode="swap")
 DOT = GemvConfig(block_n=32, block_k=128, mode="dot")
 EPS = 1e-5
@@ -47,7 +48,7 @@ def _sublayer(m: int, hidden: int, dtype: torch.dtype, seed: int):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("config", [FMA, SWAP], ids=["fma", "swap"])
+@pytest.mark.parametrize("config", [FMA, FMA8, SWAP], ids=["fma", "fma8", "swap"])
 def test_add_norm_epilogue_writes_the_residual_sum_and_the_norm_inputs(dtype, config):
     m = 1 if config.mode == "fma" else 3
     x, w, residual, g = _sublayer(m, 200, dtype, seed=31)  # 200: a ragged last program
@@ -64,7 +65,8 @@ def test_add_norm_epilogue_writes_the_residual_sum_and_the_norm_inputs(dtype, co
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("producer, consumer", [(FMA, FMA), (SWAP, SWAP), (SWAP, DOT)], ids=["fma", "swap", "dot"])
+@pytest.mark.parametrize("producer, consumer", [(FMA, FMA), (FMA8, FMA), (SWAP, SWAP), (SWAP, DOT)],
+                         ids=["fma", "fma8", "swap", "dot"])
 def test_gemv_normalises_its_normed_rows_input(dtype, producer, consumer):
     m = 1 if producer.mode == "fma" else 3
     x, w, residual, g = _sublayer(m, 200, dtype, seed=32)
