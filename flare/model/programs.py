@@ -62,7 +62,7 @@ class StepPrograms:
         # sampling program's writes back. The methods named here are the reference.
         self.greedy_tokens = greedy_tokens
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
-        self.commit = self._commit  # (slots, token, do_sample, kind) -> None
+        self.commit = self._commit  # (slots, token, do_sample, kind, positions=None) -> None
         self._ones = torch.ones(contract.max_batch, dtype=torch.bool, device=self.device)  # do_sample of decode rows
         self._runners = {
             GraphKind.INITIALIZE: self._initialize,
@@ -117,18 +117,19 @@ class StepPrograms:
         self._write_frame("out.records", slots, rec)
 
     def _sample_rows(self, slots: torch.Tensor, hidden: torch.Tensor, do_sample: torch.Tensor,
-                     kind: GraphKind, greedy: bool = False) -> None:
+                     kind: GraphKind, greedy: bool = False, positions: torch.Tensor | None = None) -> None:
         """Sample for rows where do_sample, update slot state, write logprobs and records.
 
         ``greedy``: every row is greedy and wants no logprobs, so the token is the argmax
-        of the penalized logits and no distribution is sorted or normalized.
+        of the penalized logits and no distribution is sorted or normalized. ``positions``:
+        the rows' new slot positions, stored with the tokens (see :meth:`_commit`).
         """
         buf = self.buffers
         logits = self.decoder.logits(hidden)  # [b, V] float32
         if greedy:
             token = self.greedy_tokens(logits, buf["slot.sampling"], self.output_counts, self.prompt_counts, slots,
                                        do_sample, buf["slot.token"])
-            self._commit_samples(slots, token, do_sample, kind)
+            self._commit_samples(slots, token, do_sample, kind, positions=positions)
             return
         params = buf["slot.sampling"][slots]
         penalized = apply_penalties(logits, params, self.output_counts[slots], self.prompt_counts[slots] > 0)
@@ -136,12 +137,12 @@ class StepPrograms:
         uniform = philox_uniform(buf["slot.seed"][slots], buf["slot.generated"][slots])
         token = sample(penalized, params, uniform)
         token = torch.where(do_sample, token, buf["slot.token"][slots])
-        self._commit_samples(slots, token, do_sample, kind, raw_logprobs)
+        self._commit_samples(slots, token, do_sample, kind, raw_logprobs, positions)
 
     def _commit_samples(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
-                        raw_logprobs: torch.Tensor | None = None) -> None:
+                        raw_logprobs: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> None:
         """Store sampled tokens in the slot rows, count them for penalties, write outputs."""
-        self.commit(slots, token, do_sample, kind)
+        self.commit(slots, token, do_sample, kind, positions)
         if raw_logprobs is None:
             return
         k = self.contract.top_logprobs
@@ -150,9 +151,14 @@ class StepPrograms:
                           torch.cat([raw_logprobs.gather(1, token.view(-1, 1)), top.values], dim=1))
         self._write_frame("out.top_ids", slots, top.indices)
 
-    def _commit(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind) -> None:
-        """Tokens into the slot rows, generated and penalty counts, and the completion records."""
+    def _commit(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
+                positions: torch.Tensor | None = None) -> None:
+        """Tokens (and ``positions``, the rows' new slot positions, when given) into the slot
+        rows, generated and penalty counts, and the completion records (which read the
+        positions)."""
         buf = self.buffers
+        if positions is not None:
+            buf["slot.position"].index_copy_(0, slots, positions)
         buf["slot.token"].index_copy_(0, slots, token)
         buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + do_sample.to(torch.int64))
         # Integer atomics: exact in any order, and no sort (index_put_ with accumulate sorts).
@@ -222,14 +228,16 @@ class StepPrograms:
         )
 
     def _decode(self, graph: GraphSpec) -> None:
-        buf = self.buffers
         b = graph.batch
         slots = self._step("step.slots", b)
         tokens, batch = self.decode_inputs(slots)
         hidden = self.decoder.forward(tokens, batch, self.kv)
+        # The new positions are stored by the commit and the hidden rows copied last: a
+        # torch launch between the last layer and the logits would cut the chain of
+        # programmatically dependent launches there (the logits' weight loads could not
+        # start early).
+        self._sample_rows(slots, hidden, self._ones[:b], GraphKind.DECODE, graph.greedy, positions=batch.kv_lens)
         self.hidden.index_copy_(0, slots, hidden)
-        buf["slot.position"].index_copy_(0, slots, batch.kv_lens)
-        self._sample_rows(slots, hidden, self._ones[:b], GraphKind.DECODE, graph.greedy)
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]

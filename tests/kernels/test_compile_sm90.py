@@ -206,6 +206,8 @@ def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
         index = torch.arange(b)
         slots.decode_inputs(buffers, index, 4096, 64)
         slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
-                             torch.ones(b, dtype=torch.bool), GraphKind.DECODE)
+                             torch.ones(b, dtype=torch.bool), GraphKind.DECODE, index)
+        slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
+                             torch.ones(b, dtype=torch.bool), GraphKind.PREFILL)
     names = _compile_all(launches)
     assert {"_decode_inputs_kernel", "_commit_kernel"} <= set(names), names

@@ -50,17 +50,22 @@ def _decode_inputs_kernel(
 
 @triton.jit
 def _commit_kernel(
-    slots_ptr, token_ptr, do_sample_ptr, slot_token_ptr, slot_generated_ptr, slot_generation_ptr,
+    slots_ptr, token_ptr, do_sample_ptr, positions_ptr, slot_token_ptr, slot_generated_ptr, slot_generation_ptr,
     slot_position_ptr, counts_ptr, records_ptr, frame_ptr, num_slots, s_counts, kind,
     FIELDS: tl.constexpr, BLOCK_F: tl.constexpr, F_SLOT: tl.constexpr, F_GENERATION: tl.constexpr,
     F_CONSUMED: tl.constexpr, F_GENERATED: tl.constexpr, F_NEW: tl.constexpr, F_KIND: tl.constexpr,
     F_FLAGS: tl.constexpr, F_TOKEN0: tl.constexpr, PARTICIPATED: tl.constexpr, SAMPLED: tl.constexpr,
-    PDL: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     token = tl.load(token_ptr + row)
+    if HAS_POSITIONS:  # the row's new slot position, stored before its record reads it
+        consumed = tl.load(positions_ptr + row)
+        tl.store(slot_position_ptr + slot, consumed)
+    else:
+        consumed = tl.load(slot_position_ptr + slot)
     sampled = (tl.load(do_sample_ptr + row) != 0).to(tl.int64)
     tl.store(slot_token_ptr + slot, token)
     generated = tl.load(slot_generated_ptr + slot) + sampled
@@ -70,7 +75,7 @@ def _commit_kernel(
     fields = tl.arange(0, BLOCK_F)
     value = tl.where(fields == F_SLOT, slot, 0)
     value = tl.where(fields == F_GENERATION, tl.load(slot_generation_ptr + slot), value)
-    value = tl.where(fields == F_CONSUMED, tl.load(slot_position_ptr + slot), value)
+    value = tl.where(fields == F_CONSUMED, consumed, value)
     value = tl.where(fields == F_GENERATED, generated, value)
     value = tl.where(fields == F_NEW, sampled, value)
     value = tl.where(fields == F_KIND, kind, value)
@@ -106,25 +111,29 @@ def decode_inputs(buffers: dict[str, torch.Tensor], slots: torch.Tensor, context
 
 
 def commit_samples(buffers: dict[str, torch.Tensor], output_counts: torch.Tensor, slots: torch.Tensor,
-                   token: torch.Tensor, do_sample: torch.Tensor, kind: int) -> None:
-    """:meth:`StepPrograms._commit_torch` in one launch: the sampled tokens into the slot rows,
-    the generated and penalty counts, and each row's completion record into the current frame."""
+                   token: torch.Tensor, do_sample: torch.Tensor, kind: int,
+                   positions: torch.Tensor | None = None) -> None:
+    """:meth:`StepPrograms._commit` in one launch: the sampled tokens (and ``positions``, the
+    rows' new slot positions, when given) into the slot rows, the generated and penalty
+    counts, and each row's completion record into the current frame."""
     kernel = "commit_samples"
     records = buffers["out.records"]
     b = slots.shape[0]
     require(token.shape == (b,) and do_sample.shape == (b,) and token.dtype == torch.int64, kernel,
             f"token and do_sample must be [{b}], token int64")
+    require(positions is None or (positions.shape == (b,) and positions.dtype == torch.int64), kernel,
+            f"positions must be [{b}] int64")
     require(records.is_contiguous() and records.shape[2] == RECORD_FIELDS and output_counts.stride(1) == 1, kernel,
             "records must be contiguous [2, slots, RECORD_FIELDS] and counts rows contiguous")
     pdl = pdl_level(slots)
     _commit_kernel[(b,)](
-        slots, token, do_sample, buffers["slot.token"], buffers["slot.generated"], buffers["slot.generation"],
+        slots, token, do_sample, positions if positions is not None else token, buffers["slot.token"], buffers["slot.generated"], buffers["slot.generation"],
         buffers["slot.position"], output_counts, records, buffers["step.frame"], records.shape[1],
         output_counts.stride(0), int(kind),
         FIELDS=RECORD_FIELDS, BLOCK_F=next_power_of_2(RECORD_FIELDS), F_SLOT=REC_SLOT, F_GENERATION=REC_GENERATION,
         F_CONSUMED=REC_CONSUMED, F_GENERATED=REC_GENERATED, F_NEW=REC_NEW_TOKENS, F_KIND=REC_KIND,
         F_FLAGS=REC_FLAGS, F_TOKEN0=REC_TOKEN0, PARTICIPATED=REC_FLAG_PARTICIPATED, SAMPLED=REC_FLAG_SAMPLED,
-        PDL=pdl, num_warps=1, **pdl_options(pdl),
+        HAS_POSITIONS=positions is not None, PDL=pdl, num_warps=1, **pdl_options(pdl),
     )
 
 

@@ -47,14 +47,20 @@ def test_decode_inputs_match_the_torch_reads():
 
 
 def test_commit_matches_the_torch_writes():
-    for kind, do_sample in ((GraphKind.DECODE, [True, True, True]), (GraphKind.PREFILL, [True, False, True])):
+    # A decode step also stores the rows' new positions (its kv_lens), which the records read.
+    for kind, do_sample, positions in ((GraphKind.DECODE, [True, True, True], torch.tensor([40, 7, 256])),
+                                       (GraphKind.DECODE, [True, True, True], None),
+                                       (GraphKind.PREFILL, [True, False, True], None)):
         want_programs, got_programs = _programs(seed=4), _programs(seed=4)
         slots = torch.tensor([2, 5, 4])
         token = torch.tensor([7, 96, 0])
         sample = torch.tensor(do_sample)
-        want_programs._commit(slots, token, sample, kind)
-        slot_kernels.commit_samples(got_programs.buffers, got_programs.output_counts, slots, token, sample, kind)
+        want_programs._commit(slots, token, sample, kind, positions)
+        slot_kernels.commit_samples(got_programs.buffers, got_programs.output_counts, slots, token, sample, kind,
+                                    positions)
         want, got = _state(want_programs), _state(got_programs)
         for name in want:
             assert torch.equal(got[name], want[name]), f"{kind.name}: {name}"
         assert int(got["out.records"][1, 5, 0]) == 5, "the record goes to frame step.frame, row slot"
+        if positions is not None:
+            assert torch.equal(got["slot.position"][slots], positions)
