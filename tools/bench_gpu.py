@@ -164,7 +164,8 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
         return F.linear(x, w, bias)
 
     serving_ops = decoder.ops
-    torch_elementwise = replace(serving_ops, rms_norm=layers.rms_norm, add_rms_norm=decoder_module.add_rms_norm,
+    torch_elementwise = replace(serving_ops, rms_norm=layers.rms_norm, embed_rms_norm=decoder_module.embed_rms_norm,
+                                add_rms_norm=decoder_module.add_rms_norm,
                                 linear_add_rms_norm=decoder_module.linear_add_rms_norm,
                                 linear_silu=decoder_module.linear_silu,
                                 linear_qkv_rope_write=decoder_module.linear_qkv_rope_write)

@@ -22,6 +22,13 @@ from .spec import ModelSpec
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionBatch, float], torch.Tensor]
 
 
+def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token embeddings x and the first layer's norm of them; -> ``(rms_norm(x), x)``."""
+    x = F.embedding(tokens, table)
+    return rms_norm(x, weight, eps), x
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = residual + x``; -> ``(rms_norm(h), h)``."""
@@ -92,6 +99,7 @@ class DecoderOps:
     linear_silu: Callable = linear_silu  # (x, gate_up) -> silu(gate) * up
     linear_float: Callable = linear_float  # (x, w) -> float32 F.linear(x, w)
     rms_norm: Callable = rms_norm
+    embed_rms_norm: Callable = embed_rms_norm  # (tokens, table, norm w, eps) -> (norm(x), x)
     add_rms_norm: Callable = add_rms_norm  # (x, residual, w, eps) -> (norm(residual + x), residual + x)
     linear_add_rms_norm: Callable = linear_add_rms_norm  # (x, w, residual, norm w, eps); see above
     linear_qkv_rope_write: Callable = linear_qkv_rope_write  # see linear_qkv_rope_write above
@@ -103,8 +111,8 @@ def cuda_ops() -> DecoderOps:
     from . import kernels
 
     return DecoderOps(linear=kernels.linear, linear_silu=kernels.linear_silu, linear_float=kernels.linear_float,
-                      rms_norm=kernels.rms_norm, add_rms_norm=kernels.add_rms_norm,
-                      linear_add_rms_norm=kernels.linear_add_rms_norm,
+                      rms_norm=kernels.rms_norm, embed_rms_norm=kernels.embed_rms_norm,
+                      add_rms_norm=kernels.add_rms_norm, linear_add_rms_norm=kernels.linear_add_rms_norm,
                       linear_qkv_rope_write=kernels.linear_qkv_rope_write, attention=kernels.paged_attention)
 
 
@@ -140,9 +148,7 @@ class Decoder:
         b, nq = tokens.shape
         h, d = spec.num_heads, spec.head_dim
         eps = spec.rms_norm_eps
-        x = F.embedding(tokens, self.w["embed"])  # [B, Q, hidden]
-        residual = x
-        y = ops.rms_norm(x, self.layers[0]["attn_norm"], eps)
+        y, residual = ops.embed_rms_norm(tokens, self.w["embed"], self.layers[0]["attn_norm"], eps)  # [B, Q, hidden]
         last = len(self.layers) - 1
         for i, lw in enumerate(self.layers):
             q = ops.linear_qkv_rope_write(y, lw["qkv"], lw["qkv_bias"], h, lw["q_norm"], lw["k_norm"], eps,

@@ -250,6 +250,22 @@ def test_decode_merge_in_kernel_graph_replay(b):
         check_attention(f"merge in kernel B={b} replay {step}", out, case)
 
 
+def test_embed_rms_norm_in_a_graph_matches_embedding_then_norm():
+    """The decode step's first launch gathers the embedding rows and normalises them,
+    bit for bit what F.embedding and the norm kernel give, on every replay."""
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    table = torch.randn(1000, HIDDEN, generator=gen, device=DEV).bfloat16()
+    w = torch.randn(HIDDEN, generator=gen, device=DEV).bfloat16()
+    tokens = torch.zeros(8, 1, dtype=torch.int64, device=DEV)
+    graph, (normed, x) = capture(lambda: kernels.embed_rms_norm(tokens, table, w, 1e-5))
+    for ids in ([5, 999, 0, 17, 17, 400, 3, 2], [1, 2, 3, 4, 5, 6, 7, 8]):
+        tokens.copy_(torch.tensor(ids, device=DEV).view(8, 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_x = F.embedding(tokens, table)
+        assert torch.equal(x, want_x) and torch.equal(normed, kernels.rms_norm(want_x, w, 1e-5))
+
+
 def test_elementwise_and_gemv_graph_replay():
     gen = torch.Generator(device=DEV).manual_seed(5)
     x = torch.empty(4, HIDDEN, device=DEV, dtype=torch.bfloat16)

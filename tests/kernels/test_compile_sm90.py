@@ -104,6 +104,7 @@ def test_elementwise_kernels_compile_for_sm90(launches):
     kernels.add_rms_norm(x, _bf16(4, 4096, seed=2), w, 1e-5)
     kernels.add_rms_norm(_bf16(2, 32, 4096), _bf16(2, 32, 4096, seed=2), w, 1e-5)  # prefill: torch's variance
     kernels.silu_mul(_bf16(2, 2 * 14336))
+    kernels.embed_rms_norm(torch.zeros(4, 1, dtype=torch.int64), _bf16(128256, 4096), w, 1e-5)
     table = torch.randn(4096, 128)
     for norm in (None, _bf16(128)):
         for b, nq in ((8, 1), (2, 256)):  # decode and (cohort) prefill

@@ -19,6 +19,7 @@ write fresh contiguous outputs.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -48,25 +49,33 @@ NORM_WARPS_WIDE = 8  # warps of a norm program holding 4,096+ elements (tools/be
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, var_ptr,
-    num_rows, inner, width, inv_width, eps,
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, var_ptr, tokens_ptr,
+    num_rows, inner, width, inv_width, eps, vocab,
     s_xo, s_xi, s_ro, s_ri,
-    HAS_RESIDUAL: tl.constexpr, HAS_VARIANCE: tl.constexpr, SQUARES_ONLY: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_VARIANCE: tl.constexpr, SQUARES_ONLY: tl.constexpr, GATHER: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)
     # SQUARES_ONLY: the first half of a prefill norm (see _norm): the residual sum, if
     # any, and the fp32 squares into var_ptr ([rows, width]); nothing is normalised.
+    # GATHER: row r is x_ptr's row tokens_ptr[r] (an embedding lookup, clamped into the
+    # vocab), and the gathered rows also go to res_out_ptr.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < num_rows
     col_ok = cols < width
     mask = row_ok[:, None] & col_ok[None, :]
-    # Rows of a strided [outer, inner, width] view.
-    outer = (rows // inner).to(tl.int64)
-    within = rows % inner
-    x = tl.load(x_ptr + (outer * s_xo + within * s_xi)[:, None] + cols[None, :], mask=mask, other=0.0)
     out_offs = rows.to(tl.int64)[:, None] * width + cols[None, :]
+    if GATHER:
+        token = tl.load(tokens_ptr + rows, mask=row_ok, other=0)
+        token = tl.minimum(tl.maximum(token, 0), vocab - 1).to(tl.int64)
+        x = tl.load(x_ptr + (token * s_xo)[:, None] + cols[None, :], mask=mask, other=0.0)
+        tl.store(res_out_ptr + out_offs, x, mask=mask)
+    else:
+        # Rows of a strided [outer, inner, width] view.
+        outer = (rows // inner).to(tl.int64)
+        within = rows % inner
+        x = tl.load(x_ptr + (outer * s_xo + within * s_xi)[:, None] + cols[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + (outer * s_ro + within * s_ri)[:, None] + cols[None, :], mask=mask, other=0.0)
         # The reference adds in the activation dtype: round the sum before normalising.
@@ -217,9 +226,6 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
     num_rows = x.numel() // width
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
-    block_n = next_power_of_2(width)
-    block_r = max(1, min(_NORM_TILE // block_n, next_power_of_2(num_rows)))
-    pdl = pdl_level(x)
 
     def launch(src: torch.Tensor, res: torch.Tensor | None, *, variance: torch.Tensor | None = None,
                squares: torch.Tensor | None = None) -> None:
@@ -228,15 +234,10 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
         x3 = _lead_view(src, 1)
         r3 = _lead_view(res, 1) if res is not None else x3
         stats = squares if squares is not None else variance
-        _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
-            x3, r3, weight, out, res_out if res_out is not None else out, stats if stats is not None else out,
-            num_rows, x3.shape[1], width, 1.0 / width, float(eps),
-            x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
-            HAS_RESIDUAL=res is not None, HAS_VARIANCE=variance is not None,
-            SQUARES_ONLY=squares is not None, BLOCK_R=block_r, BLOCK_N=block_n, PDL=pdl,
-            num_warps=NORM_WARPS_WIDE if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
-            **pdl_options(pdl),
-        )
+        _launch_norm(x3, r3, weight, out, res_out if res_out is not None else out, stats if stats is not None else out,
+                     out, num_rows, x3.shape[1], eps, 0, x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
+                     has_residual=res is not None, has_variance=variance is not None, squares_only=squares is not None,
+                     gather=False)
 
     if not is_prefill_chunk(x):
         launch(x, residual)
@@ -253,6 +254,55 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
     launch(x, residual, squares=squares)
     launch(res_out if res_out is not None else x, None, variance=squares.mean(-1))
     return out, res_out
+
+
+def _launch_norm(x, res, weight, out, res_out, stats, tokens, num_rows: int, inner: int, eps: float, vocab: int,
+                 *strides: int, has_residual: bool, has_variance: bool, squares_only: bool, gather: bool) -> None:
+    """One _rms_norm_kernel launch over ``num_rows`` rows of ``width = weight.shape[0]``."""
+    width = weight.shape[0]
+    block_n = next_power_of_2(width)
+    block_r = max(1, min(_NORM_TILE // block_n, next_power_of_2(num_rows)))
+    pdl = pdl_level(out)
+    _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
+        x, res, weight, out, res_out, stats, tokens,
+        num_rows, inner, width, 1.0 / width, float(eps), vocab, *strides,
+        HAS_RESIDUAL=has_residual, HAS_VARIANCE=has_variance, SQUARES_ONLY=squares_only, GATHER=gather,
+        BLOCK_R=block_r, BLOCK_N=block_n, PDL=pdl,
+        num_warps=NORM_WARPS_WIDE if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
+        **pdl_options(pdl),
+    )
+
+
+def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x = F.embedding(tokens, table)``; returns ``(rms_norm(x, weight, eps), x)``.
+
+    A decode step's tokens ([B, 1]) take one launch: the norm kernel gathers the rows
+    itself (token ids clamped into the table) and reduces exactly as :func:`rms_norm`
+    does for them. A prefill chunk's ([B, Q > 1]) embedding is torch's gather, then
+    :func:`rms_norm` (which takes the variance from torch there).
+    """
+    kernel = "embed_rms_norm"
+    require(tokens.dim() == 2 and tokens.dtype in (torch.int64, torch.int32), kernel,
+            f"tokens must be [B, Q] int64 or int32, got {tuple(tokens.shape)} {tokens.dtype}")
+    require(table.dim() == 2 and table.stride(1) == 1, kernel,
+            f"the table must be [V, N] with contiguous rows, got {tuple(table.shape)}")
+    if tokens.shape[1] > 1:
+        x = F.embedding(tokens, table)
+        return rms_norm(x, weight, eps), x
+    width = table.shape[1]
+    require(weight.shape == (width,) and weight.is_contiguous(), kernel,
+            f"weight must be contiguous [{width}], got {tuple(weight.shape)}")
+    require(width <= _MAX_NORM_WIDTH, kernel, f"width {width} is above the supported {_MAX_NORM_WIDTH}")
+    require_float(kernel, "table", table)
+    require_float(kernel, "weight", weight)
+    require_same_device(kernel, tokens=tokens, table=table, weight=weight)
+    ids = tokens.contiguous()
+    x = torch.empty((*tokens.shape, width), dtype=table.dtype, device=table.device)
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, table.dtype), device=table.device)
+    _launch_norm(table, table, weight, out, x, out, ids, ids.numel(), 1, eps, table.shape[0],
+                 table.stride(0), 0, 0, 0, has_residual=False, has_variance=False, squares_only=False, gather=True)
+    return out, x
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -359,4 +409,4 @@ def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | Non
     return q
 
 
-__all__ = ["add_rms_norm", "check_rope_targets", "qkv_rope_write", "rms_norm", "silu", "silu_mul"]
+__all__ = ["add_rms_norm", "check_rope_targets", "embed_rms_norm", "qkv_rope_write", "rms_norm", "silu", "silu_mul"]

@@ -11,7 +11,7 @@ import torch
 
 from flare.model import layers
 from flare.model import decoder
-from flare.model.kernels import KernelInputError, add_rms_norm, qkv_rope_write, rms_norm, silu_mul
+from flare.model.kernels import KernelInputError, add_rms_norm, embed_rms_norm, qkv_rope_write, rms_norm, silu_mul
 
 
 def assert_matches(kernel: str, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -144,3 +144,31 @@ def test_bad_inputs_raise_typed_errors():
         silu_mul(torch.randn(2, 7))
     with pytest.raises(KernelInputError, match="contiguous last dimension"):
         rms_norm(torch.randn(8, 2).t(), torch.ones(8), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_embed_rms_norm_gathers_and_normalises_in_one_launch(dtype):
+    """A decode step's tokens: the norm kernel gathers the embedding rows itself and gives
+    the embedding and rms_norm's output bit for bit (ids past the table are clamped);
+    a prefill chunk goes through torch's gather and the chunk norm."""
+    gen = torch.Generator().manual_seed(21)
+    table = torch.randn(50, 96, generator=gen).to(dtype)
+    w = (1 + torch.randn(96, generator=gen) / 4).to(dtype)
+    tokens = torch.tensor([[3], [49], [0], [7]])
+    normed, x = embed_rms_norm(tokens, table, w, 1e-6)
+    want_x = torch.nn.functional.embedding(tokens, table)
+    assert x.shape == (4, 1, 96) and torch.equal(x, want_x)
+    assert torch.equal(normed, rms_norm(want_x, w, 1e-6))
+    far, _ = embed_rms_norm(torch.tensor([[60], [-2]]), table, w, 1e-6)
+    assert torch.equal(far, rms_norm(table[[49, 0]].view(2, 1, 96), w, 1e-6))
+    chunk = torch.randint(0, 50, (2, 5), generator=gen)
+    normed, x = embed_rms_norm(chunk, table, w, 1e-6)
+    want_x = torch.nn.functional.embedding(chunk, table)
+    assert torch.equal(x, want_x) and torch.equal(normed, rms_norm(want_x, w, 1e-6))
+    ref_normed, ref_x = decoder.embed_rms_norm(tokens, table, w, 1e-6)
+    torch.testing.assert_close(embed_rms_norm(tokens, table, w, 1e-6)[0], ref_normed,
+                               **({"rtol": 1e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}))
+    with pytest.raises(KernelInputError, match="tokens must be"):
+        embed_rms_norm(tokens.view(-1), table, w, 1e-6)
+    with pytest.raises(KernelInputError, match="weight must be"):
+        embed_rms_norm(tokens, table, w[:95], 1e-6)
