@@ -145,14 +145,3 @@ def wait_for_inputs(PDL: tl.constexpr):
     elif PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
-
-
-_COMPILED = tl.constexpr(not INTERPRETED)
-
-
-@triton.jit
-def fence_device():
-    """Every thread: order its earlier writes before its later accesses at device scope
-    (fence.acq_rel.gpu). The interpreter runs programs one after another and needs none."""
-    if _COMPILED:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; // dummy $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
