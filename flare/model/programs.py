@@ -208,9 +208,8 @@ class StepPrograms:
             kv_lens=kv_lens,
         )
         hidden = self.decoder.forward(tokens, batch, self.kv, (n - 1).clamp(min=0))
+        self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL, positions=kv_lens)
         self.hidden.index_copy_(0, slots, hidden)
-        buf["slot.position"].index_copy_(0, slots, kv_lens)
-        self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL)
 
     def _decode_inputs(self, slots: torch.Tensor) -> tuple[torch.Tensor, AttentionBatch]:
         """A decode step's tokens [B, 1] and attention metadata, read from the slot rows."""
@@ -232,10 +231,10 @@ class StepPrograms:
         slots = self._step("step.slots", b)
         tokens, batch = self.decode_inputs(slots)
         hidden = self.decoder.forward(tokens, batch, self.kv)
-        # The new positions are stored by the commit and the hidden rows copied last: a
-        # torch launch between the last layer and the logits would cut the chain of
-        # programmatically dependent launches there (the logits' weight loads could not
-        # start early).
+        # As in _prefill, the new positions are stored by the commit and the hidden rows
+        # copied last: a torch launch between the last layer and the logits would cut the
+        # chain of programmatically dependent launches there (the logits' weight loads
+        # could not start early).
         self._sample_rows(slots, hidden, self._ones[:b], GraphKind.DECODE, graph.greedy, positions=batch.kv_lens)
         self.hidden.index_copy_(0, slots, hidden)
 
