@@ -205,17 +205,22 @@ def is_prefill_chunk(x: torch.Tensor) -> bool:
     return x.dim() >= 3 and x.shape[-2] > 1
 
 
+def _check_norm_weight(kernel: str, weight: torch.Tensor, width: int) -> None:
+    """A norm weight for rows of ``width``: a contiguous float [width], width within the tile limit."""
+    require(weight.dim() == 1 and weight.shape[0] == width, kernel,
+            f"weight must be [{width}], got {tuple(weight.shape)}")
+    require(width <= _MAX_NORM_WIDTH, kernel, f"width {width} is above the supported {_MAX_NORM_WIDTH}")
+    require_float(kernel, "weight", weight)
+    require(weight.is_contiguous(), kernel, "weight must be contiguous")
+
+
 def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
           eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     require(x.dim() >= 1 and x.numel() > 0, kernel, f"x must be a non-empty tensor, got shape {tuple(x.shape)}")
     width = x.shape[-1]
-    require(weight.dim() == 1 and weight.shape[0] == width, kernel,
-            f"weight must be [{width}], got {tuple(weight.shape)}")
-    require(width <= _MAX_NORM_WIDTH, kernel, f"width {width} is above the supported {_MAX_NORM_WIDTH}")
+    _check_norm_weight(kernel, weight, width)
     require_float(kernel, "x", x)
-    require_float(kernel, "weight", weight)
     require_inner_contiguous(kernel, "x", x)
-    require(weight.is_contiguous(), kernel, "weight must be contiguous")
     tensors = {"x": x, "weight": weight}
     if residual is not None:
         require(residual.shape == x.shape and residual.dtype == x.dtype, kernel,
@@ -291,11 +296,8 @@ def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tens
         x = F.embedding(tokens, table)
         return rms_norm(x, weight, eps), x
     width = table.shape[1]
-    require(weight.shape == (width,) and weight.is_contiguous(), kernel,
-            f"weight must be contiguous [{width}], got {tuple(weight.shape)}")
-    require(width <= _MAX_NORM_WIDTH, kernel, f"width {width} is above the supported {_MAX_NORM_WIDTH}")
+    _check_norm_weight(kernel, weight, width)
     require_float(kernel, "table", table)
-    require_float(kernel, "weight", weight)
     require_same_device(kernel, tokens=tokens, table=table, weight=weight)
     ids = tokens.contiguous()
     x = torch.empty((*tokens.shape, width), dtype=table.dtype, device=table.device)
