@@ -179,6 +179,8 @@ VARIANTS = {
     "preload2": Variant(preload=2),
     "splits4": Variant(max_splits=4),
     "merge_in_kernel": Variant(attention={"merge_in_kernel": True}),
+    "no_attn_preload": Variant(attention={"preload": False}),
+    "qkv_8x1024_w4": Variant(gemv_shapes={(6144, 4096): {"block_n": 8, "num_warps": 4}}, exact=False),
     "attn_warps2": Variant(attention={"num_warps": 2}, exact=False),
     "attn_stages2": Variant(attention={"num_stages": 2}),
     "merge_rows4": Variant(merge_rows=4),

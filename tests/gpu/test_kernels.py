@@ -17,6 +17,9 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents  # noqa: E402
 
 from flare.model import decoder, kernels, layers  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
@@ -248,6 +251,66 @@ def test_decode_merge_in_kernel_graph_replay(b):
         torch.cuda.synchronize()
         assert torch.equal(out, paged_decode_attention(*args)), f"B={b} replay {step}: differs from the merge kernel"
         check_attention(f"merge in kernel B={b} replay {step}", out, case)
+
+
+
+@triton.jit
+def _late_writer_kernel(k_ptr, v_ptr, rows_ptr, k_src_ptr, v_src_ptr, busy_ptr, num_busy, row_width,
+                        BLOCK: tl.constexpr):
+    """Lets the next kernel start at once (a PDL primary), reads ``busy_ptr`` for a while,
+    then writes the K/V rows at flat pool rows ``rows_ptr`` (what a qkv projection does)."""
+    gdc_launch_dependents()
+    offs = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, num_busy, BLOCK):
+        total += tl.load(busy_ptr + start + offs, mask=start + offs < num_busy, other=0.0)
+    delay = tl.sum(total, axis=0) * 0.0  # keeps the loop: the writes depend on it
+    row = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < row_width
+    src = tl.program_id(0) * row_width + cols
+    k = tl.load(k_src_ptr + src, mask=ok, other=0.0).to(tl.float32) + delay
+    v = tl.load(v_src_ptr + src, mask=ok, other=0.0).to(tl.float32) + delay
+    tl.store(k_ptr + row * row_width + cols, k.to(k_ptr.dtype.element_ty), mask=ok)
+    tl.store(v_ptr + row * row_width + cols, v.to(v_ptr.dtype.element_ty), mask=ok)
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_decode_preload_reads_the_new_key_after_the_wait(b):
+    """Decode attention loads each split's first K/V step before its PDL wait; the key at
+    the row's own position, written by the kernel before (here a slow one), is read again
+    after it. Control: an older key written the same way is missed, so the kernel did
+    start early and the first check was not vacuous."""
+    assert _common.pdl_level(torch.empty(1, device=DEV)) == 2, "the test needs PDL (sm_90)"
+    # The new key in a split's first step (70) and in a later one (1270: 20 steps, 2 a split).
+    lens = [70 + 1200 * i for i in range(b)]
+    case = build_case(kv_lens=lens, q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
+                      dtype=torch.bfloat16, device=DEV, seed=31)
+    table, width = case.batch.page_table, HKV * D
+    gen = torch.Generator(device=DEV).manual_seed(32)
+    busy = torch.randn(1 << 22, generator=gen, device=DEV)  # 16 MB read by one program: well over 100 us
+
+    def run(keys: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Garbage at each row's key ``keys[row]``, the slow writer fixing it, attention."""
+        keys_t = torch.tensor(keys, device=DEV)
+        rows = table.gather(1, (keys_t // 64).view(-1, 1)).view(-1) * 64 + keys_t % 64
+        k_flat, v_flat = case.k_pool.view(-1, width), case.v_pool.view(-1, width)
+        k_new = torch.randn(b, width, generator=gen, device=DEV).bfloat16()
+        v_new = torch.randn(b, width, generator=gen, device=DEV).bfloat16()
+        k_flat[rows] = float("nan")
+        v_flat[rows] = float("nan")
+        torch.cuda.synchronize()
+        _late_writer_kernel[(b,)](case.k_pool, case.v_pool, rows, k_new, v_new, busy, busy.numel(), width,
+                                  BLOCK=triton.next_power_of_2(width), num_warps=4)
+        out = paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+        torch.cuda.synchronize()
+        return out, case.reference()
+
+    out, ref = run([n - 1 for n in lens])
+    check_attention("paged_decode_attention after a late write of the new key", out, case, ref)
+    stale, ref = run([n - 2 for n in lens])  # an older key, in the same step
+    assert not torch.isfinite(stale.float()).all() or not torch.equal(stale, ref), \
+        "an older key written after the attention started was seen: the preload did not run before the wait"
 
 
 def test_embed_rms_norm_in_a_graph_matches_embedding_then_norm():

@@ -57,6 +57,12 @@ DECODE_WAVES = 8
 # smaller than one wave (a short chunk over a long prefix), to about two waves.
 PREFILL_WAVES = 2
 MERGE_ROWS = 16  # (b, token, head) rows per merge program
+# Decode programs resident per SM with the first K/V step preloaded (AttentionLaunch.preload):
+# the two held tiles take the Llama-3-8B heads' kernel from 128 to 227 registers (sm_90
+# compile), two programs an SM. The preload runs only when the whole grid fits at once:
+# programs of a later wave start after the kernel before has finished anyway, and a grid
+# of several waves (large batches, long contexts) would lose half its occupancy.
+PRELOAD_PROGRAMS_PER_SM = 2
 LOG2_E = 1.4426950408889634  # 1 / ln 2: scores are kept in log2 units for exp2
 # Stand-in for -inf that keeps exp2 differences finite (no inf - inf = NaN).
 NEG_BIG = tl.constexpr(-1.0e30)
@@ -74,12 +80,15 @@ def _paged_attention_kernel(
     s_pb, s_pq, s_tb,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr,
 ):
     # MERGE_IN_KERNEL (with NUM_SPLITS > 1): no merge kernel. Of a (row, kv head, block),
     # only the splits that hold keys take part: one alone writes the output, several
     # count themselves in at counter_ptr and the last to finish merges their partials.
-    wait_for_inputs(PDL)
+    # PRELOAD (decode): the metadata and the split's first K/V step are read before the
+    # PDL wait (see the wrapper); only the new key of the row's position is read after.
+    if not PRELOAD:
+        wait_for_inputs(PDL)
     block = tl.program_id(0)
     pair = tl.program_id(1)
     split = tl.program_id(2)
@@ -92,9 +101,6 @@ def _paged_attention_kernel(
     row_ok = token < num_queries
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
-
-    q = tl.load(q_ptr + b * s_qb + token[:, None] * s_qq + head[:, None] * s_qh + dims[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
 
     # Visible keys of each query row: j < min(position + 1, kv_len), clamped into the
     # page table so padding rows with garbage metadata stay in bounds.
@@ -117,27 +123,40 @@ def _paged_attention_kernel(
     k_base = k_ptr + kv_head * s_kh
     v_base = v_ptr + kv_head * s_vh
     table = page_table_ptr + b * s_tb
-    for step in range(first, last):
-        if PAGES_PER_STEP == 1:
-            page = tl.load(table + step).to(tl.int64)
-        else:
-            # Per key: its page's id (the last step may run past Pmax: scratch page, masked).
-            page_idx = step * PAGES_PER_STEP + offs_n // PAGE
-            page = tl.load(table + page_idx, mask=page_idx < max_pages, other=0).to(tl.int64)
-        page = tl.minimum(tl.maximum(page, 0), num_pool_pages - 1)
-        k = tl.load(k_base + (page * s_kp + in_page * s_kt)[None, :] + dims[:, None],
-                    mask=dim_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
-        visible = (step * BLOCK_N + offs_n)[None, :] < limit[:, None]
-        s = tl.where(visible, s, NEG_BIG)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        prob = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(prob, axis=1)
-        v = tl.load(v_base + (page * s_vp + in_page * s_vt)[:, None] + dims[None, :],
-                    mask=dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+    start = first
+    if PRELOAD:
+        # The first step's keys stream in while the kernels before finish. The new key
+        # (the row's own position, written by this step's qkv) may not have landed: its
+        # page is looked up now and its row reloaded after the wait.
+        has_first = first < last
+        page = _step_pages(table, first, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
+        k_first = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, has_first)
+        v_first = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, has_first)
+        new_key = tl.max(tl.where(row_ok, position, -1), axis=0)
+        new_page = tl.load(table + tl.minimum(tl.maximum(new_key, 0) // PAGE, max_pages - 1)).to(tl.int64)
+        new_page = tl.minimum(tl.maximum(new_page, 0), num_pool_pages - 1)
+        new_in_first = has_first & (new_key >= 0) & (new_key // BLOCK_N == first)
+        wait_for_inputs(PDL)
+        new_at = new_page * s_kp + (new_key % PAGE) * s_kt
+        new_k = tl.load(k_base + new_at + dims, mask=dim_ok & new_in_first, other=0.0)
+        new_v = tl.load(v_base + (new_page * s_vp + (new_key % PAGE) * s_vt) + dims, mask=dim_ok & new_in_first,
+                        other=0.0)
+    q = tl.load(q_ptr + b * s_qb + token[:, None] * s_qq + head[:, None] * s_qh + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    if PRELOAD:
+        lane_new = (offs_n == new_key % BLOCK_N) & new_in_first  # [BLOCK_N]
+        k_first = tl.where(lane_new[None, :], new_k[:, None], k_first)
+        v_first = tl.where(lane_new[:, None], new_v[None, :], v_first)
+        if has_first:
+            prob, alpha, m_i, l_i = _scores(q, k_first, first, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(prob.to(v_first.dtype), v_first, input_precision=PRECISION)
+        start = first + 1
+    for step in range(start, last):
+        page = _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
+        k = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, True)
+        prob, alpha, m_i, l_i = _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
+        v = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, True)
         acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -174,6 +193,46 @@ def _paged_attention_kernel(
         part_row = ((split * batch_size + b) * num_queries + token) * num_heads + head
         tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], out, mask=store_ok)
         tl.store(part_lse_ptr + part_row, _log_sum_exp(m_i, l_i, has_keys), mask=row_ok)
+
+
+@triton.jit
+def _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr):
+    """Page ids of the keys of ``step`` (a scalar for one page a step, else one per key),
+    clamped into the pool; a step past the table reads page 0 of the row (masked)."""
+    if PAGES_PER_STEP == 1:
+        page = tl.load(table + tl.minimum(step, max_pages - 1)).to(tl.int64)
+    else:
+        # The last step may run past Pmax: scratch page, masked.
+        page_idx = step * PAGES_PER_STEP + offs_n // PAGE
+        page = tl.load(table + page_idx, mask=page_idx < max_pages, other=0).to(tl.int64)
+    return tl.minimum(tl.maximum(page, 0), num_pool_pages - 1)
+
+
+@triton.jit
+def _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, ok):
+    """K of one step, [BLOCK_D, BLOCK_N] (the dot's right operand)."""
+    return tl.load(k_base + (page * s_kp + in_page * s_kt)[None, :] + dims[:, None], mask=dim_ok[:, None] & ok,
+                   other=0.0)
+
+
+@triton.jit
+def _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, ok):
+    """V of one step, [BLOCK_N, BLOCK_D]."""
+    return tl.load(v_base + (page * s_vp + in_page * s_vt)[:, None] + dims[None, :], mask=dim_ok[None, :] & ok,
+                   other=0.0)
+
+
+@triton.jit
+def _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One online-softmax step over keys ``step * BLOCK_N + offs_n``: (probabilities,
+    the accumulator's rescale, the new running max and sum)."""
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+    visible = (step * BLOCK_N + offs_n)[None, :] < limit[:, None]
+    s = tl.where(visible, s, NEG_BIG)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    prob = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
+    return prob, alpha, m_new, l_i * alpha + tl.sum(prob, axis=1)
 
 
 @triton.jit
@@ -278,6 +337,10 @@ class AttentionLaunch:
     # instead of the merge kernel. Slower on the H200 (tools/bench_step.py: 3.940-3.947
     # ms per step against 3.883-3.893 with the merge kernel), so off.
     merge_in_kernel: bool = False
+    # Decode (Q == 1) grids that fit the GPU at once (PRELOAD_PROGRAMS_PER_SM): read the
+    # metadata and each split's first K/V step before the PDL wait, so they load while
+    # the qkv GEMV finishes (paged_decode_attention).
+    preload: bool = True
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -344,6 +407,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     block_d = max(16, next_power_of_2(d))
     pos, table = batch.positions, batch.page_table
     pdl = pdl_level(q)
+    programs = num_blocks * b * hkv * num_splits
+    preload = launch.preload and nq == 1 and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
         q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out,
         pos, table, batch.kv_lens,
@@ -355,7 +420,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         pos.stride(0), pos.stride(1), table.stride(0),
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
         PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
-        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None, PDL=pdl,
+        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None,
+        PRELOAD=preload, PDL=pdl,
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
     )
     if num_splits > 1 and counters is None:
@@ -379,6 +445,17 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     group, padded to 16 rows for the tensor-core dot. ``num_splits`` overrides the
     static heuristic (:func:`choose_num_splits`); ``launch`` the launch shape (default
     DECODE_LAUNCH, read at call time).
+
+    With ``launch.preload`` (the default), on a grid that fits the GPU at once (batch
+    1 and 2 of the Llama-3-8B heads) and under programmatic dependent launch, the
+    kernel reads ``batch``'s positions, kv_lens and page table and each split's first
+    step of cached K/V *before* waiting on the kernel before it: at batch 1 those
+    dependent loads (metadata, page id, K and V) were most of the attention's latency.
+    So no kernel of the PDL chain before this one may write them, except the key at
+    each row's own position (the step's new key, which the qkv projection writes):
+    that row is read again after the wait. A decode step satisfies this: its
+    metadata comes from torch ops ahead of the chain (full dependencies, and at least
+    the norm and the qkv GEMV launch between), and its older keys from earlier steps.
     """
     require(q.dim() == 4 and q.shape[1] == 1, "paged_decode_attention", f"q must be [B, 1, H, D], got {tuple(q.shape)}")
     return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale, launch=launch or DECODE_LAUNCH,

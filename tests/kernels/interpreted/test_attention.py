@@ -60,6 +60,40 @@ def test_decode_merge_in_kernel_matches_the_merge_kernel(num_splits):
     assert all(int(t.abs().sum()) == 0 for held in _COUNTERS.values() for t in held), "counters must return to zero"
 
 
+@pytest.mark.parametrize("pages_per_step", [1, 2])
+def test_decode_preload_matches_the_plain_kernel(pages_per_step):
+    """The decode kernel with each split's first step loaded before its wait (and the new
+    key's row read again after it) computes what the plain kernel does, bit for bit: new
+    keys in a split's first step and in a later one, empty splits, a padding row, and a
+    grid too large for the preload (which then runs the plain kernel)."""
+    from dataclasses import replace
+
+    from flare.model.kernels import DECODE_LAUNCH, attention
+
+    case = build_case(kv_lens=[3, 0, 130, 380], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
+                      max_pages=6, dtype=torch.bfloat16, seed=5, padding_rows=(1,))
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    plain = replace(DECODE_LAUNCH, preload=False, pages_per_step=pages_per_step)
+    for splits in (1, 2, MAX_SPLITS):
+        want = paged_decode_attention(*args, num_splits=splits, launch=plain)
+        got = paged_decode_attention(*args, num_splits=splits, launch=replace(plain, preload=True))
+        assert torch.equal(got, want), f"splits={splits}: the preloading kernel differs from the plain one"
+        check_attention(f"paged_decode_attention (preload, splits={splits})", got, case)
+    launched = []
+    kernel = attention._paged_attention_kernel
+    original = kernel.run
+    try:
+        kernel.run = lambda *a, **kw: launched.append(kw["PRELOAD"]) or original(*a, **kw)
+        paged_decode_attention(*args, num_splits=2, launch=replace(plain, preload=True))
+        big = build_case(kv_lens=[70] * 40, q_len=1, num_heads=8, num_kv_heads=2, head_dim=64, max_pages=2,
+                         dtype=torch.bfloat16, seed=6)
+        paged_decode_attention(big.q, big.k_pool, big.v_pool, big.batch, big.scale, num_splits=4,
+                               launch=replace(plain, preload=True))
+    finally:
+        kernel.run = original
+    assert launched == [True, False], f"preload chosen as {launched} for 16 and 320 programs (132 SMs)"
+
+
 def test_decode_more_splits_than_pages_and_padding_rows():
     # 16 splits over rows of 1-3 pages: most splits are empty and must weigh nothing.
     case = build_case(kv_lens=[3, 0, 190, 0], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32,
