@@ -310,7 +310,7 @@ def _sum_splits_kernel(
     tl.store(out_ptr + m * s_om + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
+def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int = EPILOGUE_PLAIN) -> GemvConfig:
     """The launch shape used when none is given, from an H200 sweep (tools/bench_kernels.py --sweep gemv).
 
     Per-call figures at Llama-3-8B shapes, % of the 4.28 TB/s copy ceiling, 32
@@ -322,6 +322,8 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
     - M=8 (the tensor-core "swap" mode, weight as the wide operand): qkv 80.2 (74.8)
       with 64 x 128 x 6 stages, o 69.5 (60.0) and down 90.1 (84.0) with 32 x 256,
       gate_up 96.6 (96.4) and lm_head 101.7 (97.9) with 64 x 128 x 4 stages.
+
+    ``epilogue``: the launch's EPILOGUE_* (the gate/up product takes four warps at M=1).
     """
     sms = sm_count(device)
     if m == 1:
@@ -329,8 +331,14 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
         # norms): 8 rows over 4 warps, half the programs and half the partial squares for
         # the next GEMV to sum. tools/bench_step.py, H200: 3.790-3.801 ms a step against
         # 3.811-3.818 with 4 rows over 2 warps (and 3.799-3.800 against 3.811-3.816).
+        # The gate/up product (a fused norm's consumer too, like qkv) over four warps as
+        # well: each thread sums half as many of the partial squares and holds half the
+        # tile. tools/bench_step.py, H200, two calls: 3.688-3.707 ms a step against
+        # 3.753-3.774 with two warps (3.704 against 3.761-3.775); qkv lost with four
+        # (3.810), as did lm_head (3.786) and the gate/up product with eight (3.936).
         narrow = n <= 4096 and k >= 4096
-        cfg = GemvConfig(block_n=8 if narrow else 4, block_k=1024, num_warps=4 if narrow else 2, num_stages=3,
+        warps = 4 if narrow or epilogue == EPILOGUE_GLU else 2
+        cfg = GemvConfig(block_n=8 if narrow else 4, block_k=1024, num_warps=warps, num_stages=3,
                          mode="fma", preload_tiles=PRELOAD_TILES)
         cfg = replace(cfg, **SHAPE_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
@@ -449,7 +457,7 @@ def linear_silu_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, *,
     x as in :func:`linear_small_m`.
     """
     kernel = "linear_silu_small_m"
-    rows, cfg, norm = _prepare(kernel, x, w, None, config)
+    rows, cfg, norm = _prepare(kernel, x, w, None, config, EPILOGUE_GLU)
     inter = w.shape[0] // 2
     require(w.shape[0] % 2 == 0 and cfg.split_k == 1 and cfg.block_n % 2 == 0, kernel,
             f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
@@ -500,7 +508,8 @@ def linear_qkv_rope_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias:
 
 
 def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None,
-             config: GemvConfig | None) -> tuple[torch.Tensor, GemvConfig, tuple[torch.Tensor, float] | None]:
+             config: GemvConfig | None, epilogue: int = EPILOGUE_PLAIN,
+             ) -> tuple[torch.Tensor, GemvConfig, tuple[torch.Tensor, float] | None]:
     """Checks shared by the launchers; -> (the kernel's x as [M, K] rows, the launch config,
     (partial squares [M, P], eps) when x is a NormedRows, else None)."""
     inputs = _rows(x)
@@ -509,7 +518,7 @@ def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
     rows = inputs.reshape(-1, k)
     m = rows.shape[0]
     require(1 <= m <= MAX_ROWS, kernel, f"x must have 1..{MAX_ROWS} rows, got {m} (shape {tuple(inputs.shape)})")
-    cfg = config or default_config(m, n, k, inputs.device)
+    cfg = config or default_config(m, n, k, inputs.device, epilogue)
     require(cfg.mode in _MODES, kernel, f"unknown mode {cfg.mode!r}")
     require(cfg.mode != "fma" or m == 1, kernel, f"mode 'fma' takes one row, got {m}")
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
