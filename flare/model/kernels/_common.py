@@ -92,6 +92,9 @@ def dot_precision(dtype: torch.dtype) -> str:
 # finished only after its own predecessor, and so on: after its wait, a kernel runs
 # after everything before it in the stream, as without PDL.
 #
+# One exception: the decode attention also reads the step's metadata and its older
+# keys before the wait (attention.paged_decode_attention says why that is safe there).
+#
 # Where the earlier kernel lets the later one start is the level (the PDL constexpr
 # of every kernel here): 0 no PDL; 1 after its own wait; 2 at its very start, so a
 # chain of short kernels and the next GEMV's first tiles all start early.

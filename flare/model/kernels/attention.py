@@ -454,8 +454,9 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     So no kernel of the PDL chain before this one may write them, except the key at
     each row's own position (the step's new key, which the qkv projection writes):
     that row is read again after the wait. A decode step satisfies this: its
-    metadata comes from torch ops ahead of the chain (full dependencies, and at least
-    the norm and the qkv GEMV launch between), and its older keys from earlier steps.
+    metadata is written by slots.decode_inputs, and the forward's first launch
+    (elementwise.embed_rms_norm) waits for it without programmatic dependence; its
+    older keys were written by earlier steps.
     """
     require(q.dim() == 4 and q.shape[1] == 1, "paged_decode_attention", f"q must be [B, 1, H, D], got {tuple(q.shape)}")
     return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale, launch=launch or DECODE_LAUNCH,

@@ -262,8 +262,14 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
 
 
 def _launch_norm(x, res, weight, out, res_out, stats, tokens, num_rows: int, inner: int, eps: float, vocab: int,
-                 *strides: int, has_residual: bool, has_variance: bool, squares_only: bool, gather: bool) -> None:
-    """One _rms_norm_kernel launch over ``num_rows`` rows of ``width = weight.shape[0]``."""
+                 *strides: int, has_residual: bool, has_variance: bool, squares_only: bool, gather: bool,
+                 chain_start: bool = False) -> None:
+    """One _rms_norm_kernel launch over ``num_rows`` rows of ``width = weight.shape[0]``.
+
+    ``chain_start``: launched without programmatic dependence (it starts once everything
+    before it has finished and its writes are visible), though the kernels after it may
+    still start early.
+    """
     width = weight.shape[0]
     block_n = next_power_of_2(width)
     block_r = max(1, min(_NORM_TILE // block_n, next_power_of_2(num_rows)))
@@ -274,7 +280,7 @@ def _launch_norm(x, res, weight, out, res_out, stats, tokens, num_rows: int, inn
         HAS_RESIDUAL=has_residual, HAS_VARIANCE=has_variance, SQUARES_ONLY=squares_only, GATHER=gather,
         BLOCK_R=block_r, BLOCK_N=block_n, PDL=pdl,
         num_warps=NORM_WARPS_WIDE if block_n * block_r >= 4096 else 4, enable_fp_fusion=False,
-        **pdl_options(pdl),
+        **pdl_options(0 if chain_start else pdl),
     )
 
 
@@ -286,6 +292,12 @@ def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tens
     itself (token ids clamped into the table) and reduces exactly as :func:`rms_norm`
     does for them. A prefill chunk's ([B, Q > 1]) embedding is torch's gather, then
     :func:`rms_norm` (which takes the variance from torch there).
+
+    The decode launch starts a new chain of programmatically dependent launches: it
+    waits for every kernel before it, as torch's gather does. The decode attention
+    reads the step's metadata before its own wait (attention.paged_decode_attention),
+    and this orders that metadata's writer (slots.decode_inputs, just before) ahead of
+    the whole forward.
     """
     kernel = "embed_rms_norm"
     require(tokens.dim() == 2 and tokens.dtype in (torch.int64, torch.int32), kernel,
@@ -303,7 +315,8 @@ def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tens
     x = torch.empty((*tokens.shape, width), dtype=table.dtype, device=table.device)
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, table.dtype), device=table.device)
     _launch_norm(table, table, weight, out, x, out, ids, ids.numel(), 1, eps, table.shape[0],
-                 table.stride(0), 0, 0, 0, has_residual=False, has_variance=False, squares_only=False, gather=True)
+                 table.stride(0), 0, 0, 0, has_residual=False, has_variance=False, squares_only=False, gather=True,
+                 chain_start=True)
     return out, x
 
 
