@@ -151,6 +151,7 @@ class Variant:
     pdl: str = "on"  # _common.pdl_mode
     level: int = 2  # _common.PDL_AUTO_LEVEL
     preload: int = 1  # gemv.PRELOAD_TILES
+    k_fold: int = 1  # gemv.K_FOLD (batch-1 GEMVs)
     # "silu", "rope": run those epilogues as their own kernels; "norm": the RMSNorms and
     # residual adds as elementwise kernels, not inside the GEMVs
     unfused: tuple[str, ...] = ()
@@ -180,6 +181,13 @@ VARIANTS = {
     "splits4": Variant(max_splits=4),
     "merge_in_kernel": Variant(attention={"merge_in_kernel": True}),
     "no_attn_preload": Variant(attention={"preload": False}),
+    # The FMA accumulator folded 8 columns a thread (GemvConfig.k_fold): about half the
+    # registers, so larger tiles or fewer warps fit as many programs an SM.
+    "fold8": Variant(k_fold=8, exact=False),
+    "fold8_gate_up_w2": Variant(k_fold=8, gemv_shapes={(28672, 4096): {"num_warps": 2}}, exact=False),
+    "fold8_qkv_8x1024_w4": Variant(k_fold=8, gemv_shapes={(6144, 4096): {"block_n": 8, "num_warps": 4}}, exact=False),
+    "fold8_o_down_16x1024": Variant(k_fold=8, gemv_shapes={(4096, 4096): {"block_n": 16},
+                                                          (4096, 14336): {"block_n": 16}}, exact=False),
     "qkv_2x1024_w1": Variant(gemv_shapes={(6144, 4096): {"block_n": 2, "num_warps": 1}}, exact=False),
     "qkv_4x1024_w1": Variant(gemv_shapes={(6144, 4096): {"num_warps": 1}}, exact=False),
     "qkv_4x1024_w4": Variant(gemv_shapes={(6144, 4096): {"num_warps": 4}}, exact=False),
@@ -257,7 +265,7 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
     v = VARIANTS[name]
-    _common.pdl_mode, _common.PDL_AUTO_LEVEL, gemv.PRELOAD_TILES = v.pdl, v.level, v.preload
+    _common.pdl_mode, _common.PDL_AUTO_LEVEL, gemv.PRELOAD_TILES, gemv.K_FOLD = v.pdl, v.level, v.preload, v.k_fold
     attention.MAX_SPLITS = v.max_splits
     attention.DECODE_LAUNCH = replace(SERVING_DECODE_LAUNCH, **v.attention)
     elementwise.NORM_WARPS_WIDE = v.norm_warps

@@ -133,6 +133,8 @@ def test_gemv_kernels_compile_for_sm90(launches):
     kernels.linear_small_m(_bf16(1, 4096), w, out_dtype=torch.float32)
     kernels.linear_small_m(_bf16(1, 4096), w, config=GemvConfig(block_n=4, block_k=1024, num_warps=2, mode="fma",
                                                                  preload_tiles=2))
+    kernels.linear_small_m(_bf16(1, 4096), w, config=GemvConfig(block_n=4, block_k=1024, num_warps=2, mode="fma",
+                                                                 k_fold=8))
     kernels.linear_small_m(_bf16(4, 1024), _bf16(256, 1024), config=GemvConfig(split_k=4))  # + the split sum
     kernels.linear_small_m(_bf16(2, 4096), w, _bf16(4096), config=GemvConfig(mode="dot"))
     # The add+norm epilogue, and its NormedRows into each consumer (batch 1 is FMA).

@@ -54,6 +54,7 @@ MAX_ROWS = 8
 EPILOGUE_PLAIN, EPILOGUE_GLU, EPILOGUE_ROPE = 0, 1, 2
 _GLU, _ROPE = tl.constexpr(EPILOGUE_GLU), tl.constexpr(EPILOGUE_ROPE)
 PRELOAD_TILES = 1  # GemvConfig.preload_tiles of the batch-1 default
+K_FOLD = 1  # GemvConfig.k_fold of the batch-1 default
 # GemvConfig fields :func:`default_config` overrides for (N, K) weight shapes at batch 1
 # (tools/bench_step.py sets them per variant).
 SHAPE_OVERRIDES: dict[tuple[int, int], dict] = {}
@@ -75,6 +76,13 @@ class GemvConfig:
     mode: str = "dot"
     # Under PDL: weight tiles (1 or 2) loaded into registers before the grid-dependency wait.
     preload_tiles: int = 1
+    # "fma" mode: each thread sums this many adjacent products of a tile (1, 2, 4 or 8;
+    # 8 bf16 are one 16-byte load) before adding them to the accumulator, which shrinks by
+    # as much. sm_90 compile of the batch-1 Llama-3-8B GEMVs with 8: qkv 153 -> 92
+    # registers at two warps, gate_up 70 -> 46 and o/down 122 -> 56 at four, with no
+    # shared memory or barrier added and fewer float instructions in the PTX. Not yet
+    # timed on the H200, so off by default (tools/bench_step.py has the variants).
+    k_fold: int = 1
 
 
 @triton.jit
@@ -94,9 +102,13 @@ def _load_x(x_rows, ks, k_stop, m_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, w, x, MODE: tl.constexpr):
+def _accumulate(acc, w, x, MODE: tl.constexpr, FOLD: tl.constexpr):
     if MODE == 0:
-        acc += w.to(tl.float32) * x.to(tl.float32)
+        product = w.to(tl.float32) * x.to(tl.float32)
+        if FOLD == 1:
+            acc += product
+        else:  # [N, K] -> [N, K / FOLD]: each thread's adjacent columns (K is split in 16-byte runs)
+            acc += tl.sum(tl.reshape(product, [product.shape[0], product.shape[1] // FOLD, FOLD]), axis=2)
     elif MODE == 1:
         acc = tl.dot(x, tl.trans(w), acc)
     else:
@@ -166,7 +178,7 @@ def _linear_small_m_kernel(
     SPLIT_K: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
-    PRELOAD: tl.constexpr,
+    PRELOAD: tl.constexpr, FOLD: tl.constexpr,
 ):
     # EPILOGUE: PLAIN stores x @ w.T (+ bias); GLU silu(gate) * up; ROPE the qkv
     # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
@@ -209,7 +221,7 @@ def _linear_small_m_kernel(
     w_rows = w_ptr + w_index.to(tl.int64)[:, None] * s_wn  # [BLOCK_N, 1]
     x_rows = x_ptr + offs_m[:, None] * s_xm  # [BLOCK_M, 1]
     if MODE == 0:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
     elif MODE == 1:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
@@ -232,10 +244,10 @@ def _linear_small_m_kernel(
         squares = tl.load(sq_ptr + offs_m[:, None] * num_parts + parts[None, :],
                           mask=m_ok[:, None] & (parts < num_parts)[None, :], other=0.0)
     if PDL:
-        acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE)
+        acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
         first = k_start + BLOCK_K
         if PRELOAD == 2:
-            acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE)
+            acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE, FOLD)
             first += BLOCK_K
     if EPILOGUE == _ROPE:  # after the wait: the step's own torch ops wrote these
         slot, c1, c2, s1, s2 = _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
@@ -250,7 +262,7 @@ def _linear_small_m_kernel(
     for k in range(first, k_stop, BLOCK_K):
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
-        acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE)
+        acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     elif MODE == 1:
@@ -339,7 +351,7 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         narrow = n <= 4096 and k >= 4096
         warps = 4 if narrow or epilogue == EPILOGUE_GLU else 2
         cfg = GemvConfig(block_n=8 if narrow else 4, block_k=1024, num_warps=warps, num_stages=3,
-                         mode="fma", preload_tiles=PRELOAD_TILES)
+                         mode="fma", preload_tiles=PRELOAD_TILES, k_fold=K_FOLD)
         cfg = replace(cfg, **SHAPE_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
@@ -524,6 +536,8 @@ def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
             f"block_k must be >= 32 and block_n >= 16 for tensor-core modes, got {cfg}")
     require(cfg.preload_tiles in (1, 2), kernel, f"preload_tiles must be 1 or 2, got {cfg.preload_tiles}")
+    require(cfg.k_fold in (1, 2, 4, 8) and (cfg.k_fold == 1 or cfg.mode == "fma") and cfg.block_k % cfg.k_fold == 0,
+            kernel, f"k_fold must be 1, 2, 4 or 8 (more than 1 only in mode 'fma') and divide block_k, got {cfg}")
     if not isinstance(x, NormedRows):
         return rows, cfg, None
     require(cfg.split_k == 1, kernel, f"a fused norm needs an unsplit K, got {cfg}")
@@ -565,7 +579,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
-        PDL=pdl, PRELOAD=cfg.preload_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE rounds each product before its sum: no multiply-add contraction there.
         **({"enable_fp_fusion": False} if epilogue == EPILOGUE_ROPE else {}), **pdl_options(pdl),
     )

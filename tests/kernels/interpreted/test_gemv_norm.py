@@ -22,6 +22,8 @@ from flare.model.spec import ModelSpec
 
 FMA = GemvConfig(block_n=4, block_k=64, num_warps=2, num_stages=3, mode="fma")
 FMA8 = GemvConfig(block_n=8, block_k=64, num_warps=4, num_stages=3, mode="fma")  # batch 1's o and down
+FOLD = GemvConfig(block_n=4, block_k=64, num_warps=2, num_stages=3, mode="fma", k_fold=8)
+FOLD8 = GemvConfig(block_n=8, block_k=64, num_warps=4, num_stages=3, mode="fma", k_fold=8)
 SWAP = GemvConfig(block_n=16, block_k=64, mode="swap")
 DOT = GemvConfig(block_n=32, block_k=128, mode="dot")
 EPS = 1e-5
@@ -65,8 +67,8 @@ def test_add_norm_epilogue_writes_the_residual_sum_and_the_norm_inputs(dtype, co
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("producer, consumer", [(FMA, FMA), (FMA8, FMA), (SWAP, SWAP), (SWAP, DOT)],
-                         ids=["fma", "fma8", "swap", "dot"])
+@pytest.mark.parametrize("producer, consumer", [(FMA, FMA), (FMA8, FMA), (FOLD8, FOLD), (SWAP, SWAP), (SWAP, DOT)],
+                         ids=["fma", "fma8", "fold8", "swap", "dot"])
 def test_gemv_normalises_its_normed_rows_input(dtype, producer, consumer):
     m = 1 if producer.mode == "fma" else 3
     x, w, residual, g = _sublayer(m, 200, dtype, seed=32)
@@ -81,16 +83,17 @@ def test_gemv_normalises_its_normed_rows_input(dtype, producer, consumer):
     assert err <= (1e-5 if dtype == torch.float32 else 4e-3), f"{consumer}: relative error {err:.2e}"
 
 
-def test_normed_rows_in_the_glu_rope_and_logits_epilogues():
+@pytest.mark.parametrize("config", [FMA, FOLD], ids=["fma", "fold8"])
+def test_normed_rows_in_the_glu_rope_and_logits_epilogues(config):
     x, w, residual, g = _sublayer(1, 128, torch.bfloat16, seed=34)
-    normed = linear_add_rms_norm_small_m(x, w, residual, g, EPS, config=FMA)
+    normed = linear_add_rms_norm_small_m(x, w, residual, g, EPS, config=config)
     want_in = _normed_f64(normed.x, g)
     gen = torch.Generator().manual_seed(35)
     gate_up = (torch.randn(2 * 40, 128, generator=gen) / 8).bfloat16()
-    got = linear_silu_small_m(normed, gate_up, config=FMA)
+    got = linear_silu_small_m(normed, gate_up, config=config)
     assert _rel_err(got, layers.silu_mul(F.linear(want_in, gate_up.double()))) <= 1e-2
     head = (torch.randn(50, 128, generator=gen) / 8).bfloat16()
-    logits = linear_small_m(normed, head, config=FMA, out_dtype=torch.float32)
+    logits = linear_small_m(normed, head, config=config, out_dtype=torch.float32)
     assert logits.dtype == torch.float32 and _rel_err(logits, F.linear(want_in, head.double())) <= 4e-3
     # RoPE/KV scatter: q and the written k/v rows match the composite's to bf16 rounding.
     heads, kv_heads, d = 4, 2, 16
@@ -100,7 +103,7 @@ def test_normed_rows_in_the_glu_rope_and_logits_epilogues():
     pos, widx = torch.tensor([[7]]), torch.tensor([[65]])
     pools = [torch.zeros(2, 64, kv_heads, d).bfloat16() for _ in range(2)]
     want_pools = [p.clone() for p in pools]
-    q = linear_qkv_rope_small_m(normed, wq, None, heads, cos, sin, pos, widx, *pools, config=FMA)
+    q = linear_qkv_rope_small_m(normed, wq, None, heads, cos, sin, pos, widx, *pools, config=config)
     want_q = decoder.qkv_rope_write(F.linear(want_in, wq.double()).bfloat16(), heads, None, None, EPS,
                                     cos, sin, pos, widx, *want_pools)
     assert _rel_err(q, want_q.double()) <= 1e-2
