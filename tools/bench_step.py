@@ -186,6 +186,8 @@ VARIANTS = {
     "fold8": Variant(k_fold=8, exact=False),
     "fold8_gate_up_w2": Variant(k_fold=8, gemv_shapes={(28672, 4096): {"num_warps": 2}}, exact=False),
     "fold8_qkv_8x1024_w4": Variant(k_fold=8, gemv_shapes={(6144, 4096): {"block_n": 8, "num_warps": 4}}, exact=False),
+    "qkv_fold8_r80": Variant(gemv_shapes={(6144, 4096): {"k_fold": 8, "max_registers": 80}}, exact=False),
+    "fold8_qkv_r80": Variant(k_fold=8, gemv_shapes={(6144, 4096): {"max_registers": 80}}, exact=False),
     "fold8_o_down_16x1024": Variant(k_fold=8, gemv_shapes={(4096, 4096): {"block_n": 16},
                                                           (4096, 14336): {"block_n": 16}}, exact=False),
     "qkv_2x1024_w1": Variant(gemv_shapes={(6144, 4096): {"block_n": 2, "num_warps": 1}}, exact=False),

@@ -34,7 +34,7 @@ from .paged_cases import build_case  # noqa: E402
 H200 = GPUTarget("cuda", 90, 32)
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1",
           torch.int32: "*i32", torch.uint8: "*u8"}
-_OPTIONS = ("num_warps", "num_stages", "launch_pdl", "enable_fp_fusion")
+_OPTIONS = ("num_warps", "num_stages", "launch_pdl", "enable_fp_fusion", "maxnreg")
 
 
 def _signature(fn: JITFunction, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
@@ -134,7 +134,7 @@ def test_gemv_kernels_compile_for_sm90(launches):
     kernels.linear_small_m(_bf16(1, 4096), w, config=GemvConfig(block_n=4, block_k=1024, num_warps=2, mode="fma",
                                                                  preload_tiles=2))
     kernels.linear_small_m(_bf16(1, 4096), w, config=GemvConfig(block_n=4, block_k=1024, num_warps=2, mode="fma",
-                                                                 k_fold=8))
+                                                                 k_fold=8, max_registers=80))
     kernels.linear_small_m(_bf16(4, 1024), _bf16(256, 1024), config=GemvConfig(split_k=4))  # + the split sum
     kernels.linear_small_m(_bf16(2, 4096), w, _bf16(4096), config=GemvConfig(mode="dot"))
     # The add+norm epilogue, and its NormedRows into each consumer (batch 1 is FMA).

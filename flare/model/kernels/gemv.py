@@ -44,7 +44,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count,
+    INTERPRETED, next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count,
     start_next_kernel_early, wait_for_inputs,
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
@@ -83,6 +83,10 @@ class GemvConfig:
     # shared memory or barrier added and fewer float instructions in the PTX. Not yet
     # timed on the H200, so off by default (tools/bench_step.py has the variants).
     k_fold: int = 1
+    # A register cap per thread for the compiler (ptxas -maxnreg; 0: its own choice), so
+    # more programs fit an SM: qkv with k_fold 8 at two warps compiles to 75 registers
+    # under a cap of 80 without spilling, 12 programs an SM, its 1,536 in one wave.
+    max_registers: int = 0
 
 
 @triton.jit
@@ -536,6 +540,8 @@ def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
             f"block_k must be >= 32 and block_n >= 16 for tensor-core modes, got {cfg}")
     require(cfg.preload_tiles in (1, 2), kernel, f"preload_tiles must be 1 or 2, got {cfg.preload_tiles}")
+    require(cfg.max_registers == 0 or 24 <= cfg.max_registers <= 255, kernel,
+            f"max_registers must be 0 (no cap) or 24..255, got {cfg.max_registers}")
     require(cfg.k_fold in (1, 2, 4, 8) and (cfg.k_fold == 1 or cfg.mode == "fma") and cfg.block_k % cfg.k_fold == 0,
             kernel, f"k_fold must be 1, 2, 4 or 8 (more than 1 only in mode 'fma') and divide block_k, got {cfg}")
     if not isinstance(x, NormedRows):
@@ -580,6 +586,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
         PDL=pdl, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers and not INTERPRETED else {}),
         # RoPE rounds each product before its sum: no multiply-add contraction there.
         **({"enable_fp_fusion": False} if epilogue == EPILOGUE_ROPE else {}), **pdl_options(pdl),
     )

@@ -41,7 +41,7 @@ def test_tensor_core_modes(dtype, m, config):
 @pytest.mark.parametrize("config", [GemvConfig(block_n=16, block_k=128, mode="fma"),
                                     GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma"),
                                     GemvConfig(block_n=16, block_k=128, mode="fma", k_fold=8),
-                                    GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma", k_fold=4)],
+                                    GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma", k_fold=4, max_registers=80)],
                          ids=["fma", "fma-split4", "fma-fold8", "fma-split4-fold4"])
 def test_single_row_fma_mode(config):
     gen = torch.Generator().manual_seed(9)
@@ -102,6 +102,8 @@ def test_bad_inputs_raise_typed_errors():
         linear_small_m(torch.randn(2, 16), w, config=GemvConfig(mode="swap", k_fold=8))
     with pytest.raises(KernelInputError, match="k_fold must be"):
         linear_small_m(torch.randn(1, 16), w, config=GemvConfig(mode="fma", k_fold=3))
+    with pytest.raises(KernelInputError, match="max_registers must be"):
+        linear_small_m(torch.randn(1, 16), w, config=GemvConfig(mode="fma", max_registers=300))
     with pytest.raises(KernelInputError, match="out_dtype must be"):
         linear_small_m(torch.randn(2, 16), w, out_dtype=torch.float16)
     with pytest.raises(KernelInputError, match="bias must be"):
