@@ -44,8 +44,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    INTERPRETED, next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device, sm_count,
-    start_next_kernel_early, wait_for_inputs,
+    INTERPRETED, next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device,
+    sm_count, start_next_kernel_early, wait_for_inputs,
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 
@@ -435,6 +435,19 @@ def linear_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Te
     return out.view(*_rows(x).shape[:-1], w.shape[0])
 
 
+def _add_norm_problem(out_shape: tuple, dtype: torch.dtype, residual: torch.Tensor,
+                      weight: torch.Tensor) -> str | None:
+    """Why the residual and norm weight cannot go into the add+norm epilogue of a product of
+    ``out_shape`` in ``dtype`` (None: they can)."""
+    n = out_shape[-1]
+    if not (residual.shape == out_shape and residual.dtype == dtype and residual.is_contiguous()):
+        return (f"residual must be a contiguous {out_shape} {dtype} tensor, got {tuple(residual.shape)} "
+                f"{residual.dtype}")
+    if not (weight.shape == (n,) and weight.dtype == dtype and weight.is_contiguous()):
+        return f"the norm weight must be a contiguous [{n}] {dtype} tensor, got {tuple(weight.shape)} {weight.dtype}"
+    return None
+
+
 def linear_add_rms_norm_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, residual: torch.Tensor,
                                 weight: torch.Tensor, eps: float, *,
                                 config: GemvConfig | None = None) -> NormedRows:
@@ -449,11 +462,8 @@ def linear_add_rms_norm_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, r
     rows, cfg, norm = _prepare(kernel, x, w, None, config)
     n = w.shape[0]
     out_shape = (*_rows(x).shape[:-1], n)
-    require(residual.shape == out_shape and residual.dtype == rows.dtype and residual.is_contiguous(), kernel,
-            f"residual must be a contiguous {out_shape} {rows.dtype} tensor, got {tuple(residual.shape)} "
-            f"{residual.dtype}")
-    require(weight.shape == (n,) and weight.dtype == rows.dtype and weight.is_contiguous(), kernel,
-            f"the norm weight must be a contiguous [{n}] {rows.dtype} tensor, got {tuple(weight.shape)} {weight.dtype}")
+    problem = _add_norm_problem(out_shape, rows.dtype, residual, weight)
+    require(problem is None, kernel, problem or "")
     require(cfg.split_k == 1, kernel, f"needs an unsplit K, got {cfg}")
     require_same_device(kernel, x=rows, residual=residual, weight=weight)
     h = torch.empty(out_shape, dtype=rows.dtype, device=rows.device)
@@ -635,9 +645,8 @@ def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
     GEMV (a :class:`NormedRows`); elsewhere the product and one
     :func:`elementwise.add_rms_norm` pass.
     """
-    if _routes_small_m(x, w) and _unsplit(x, w) and residual.is_contiguous() \
-            and residual.shape == (*x.shape[:-1], w.shape[0]) and residual.dtype == x.dtype \
-            and weight.dtype == x.dtype and weight.is_contiguous():
+    if _routes_small_m(x, w) and _unsplit(x, w) \
+            and _add_norm_problem((*x.shape[:-1], w.shape[0]), x.dtype, residual, weight) is None:
         normed = linear_add_rms_norm_small_m(x, w, residual, weight, eps)
         return normed, normed.x
     return add_rms_norm(linear(x, w), residual, weight, eps)

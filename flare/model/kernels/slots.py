@@ -127,7 +127,8 @@ def commit_samples(buffers: dict[str, torch.Tensor], output_counts: torch.Tensor
             "records must be contiguous [2, slots, RECORD_FIELDS] and counts rows contiguous")
     pdl = pdl_level(slots)
     _commit_kernel[(b,)](
-        slots, token, do_sample, positions if positions is not None else token, buffers["slot.token"], buffers["slot.generated"], buffers["slot.generation"],
+        slots, token, do_sample, positions if positions is not None else token,
+        buffers["slot.token"], buffers["slot.generated"], buffers["slot.generation"],
         buffers["slot.position"], output_counts, records, buffers["step.frame"], records.shape[1],
         output_counts.stride(0), int(kind),
         FIELDS=RECORD_FIELDS, BLOCK_F=next_power_of_2(RECORD_FIELDS), F_SLOT=REC_SLOT, F_GENERATION=REC_GENERATION,
