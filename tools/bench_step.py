@@ -208,7 +208,9 @@ VARIANTS = {
     "merge_rows4": Variant(merge_rows=4),
     "norm_warps4": Variant(norm_warps=4, exact=False),
     "norm_warps2": Variant(norm_warps=2, exact=False),
-    # Llama-3-8B's o projection is [4096, 4096], its lm_head [128256, 4096].
+    # Llama-3-8B's o projection is [4096, 4096], its lm_head [128256, 4096]. A variant that
+    # names no warp count takes the current default's (the gate/up product's went from two
+    # to four after the gate_up_8x512 and gate_up_4x512 figures in TUNING.md were taken).
     "o_preload2": Variant(gemv_shapes={(4096, 4096): {"preload_tiles": 2}}),
     # Other tiles sum in another order: not bit-identical.
     "qkv_2x1024": Variant(gemv_shapes={(6144, 4096): {"block_n": 2}}, exact=False),
@@ -223,8 +225,8 @@ VARIANTS = {
     "gate_up_o_8x512": Variant(gemv_shapes={(28672, 4096): {"block_n": 8, "block_k": 512},
                                             (4096, 4096): {"block_n": 8, "block_k": 512}}, exact=False),
     "qkv_8x512": Variant(gemv_shapes={(6144, 4096): {"block_n": 8, "block_k": 512}}, exact=False),
-    # 4 x 512 tiles: fewer registers, so more programs a multiprocessor (qkv's 1,536 in
-    # one wave instead of 1.45 at 128 registers and 8 programs an SM).
+    # 4 x 512 tiles: half the tile's registers, so more programs a multiprocessor (qkv
+    # takes 153 registers with 4 x 1024 over two warps: 6 an SM, its 1,536 in 1.94 waves).
     "qkv_4x512": Variant(gemv_shapes={(6144, 4096): {"block_k": 512}}, exact=False),
     "o_4x512": Variant(gemv_shapes={(4096, 4096): {"block_k": 512}}, exact=False),
     "down_4x512": Variant(gemv_shapes={(4096, 14336): {"block_k": 512}}, exact=False),
