@@ -62,6 +62,7 @@ class _Consumer:
     pending_text: str = ""  # decoded text withheld while it may start a stop string
     is_done: bool = False
     is_cancelled: bool = False
+    is_released: bool = False  # its model admission capacity is given back (guarded by the runtime's lock)
     cached_tokens: int = 0
     first_token_at: float | None = None
 
@@ -107,7 +108,7 @@ class ModelRuntime:
         self._ingress: deque[_Consumer] = deque()
         self._cancels: deque[_Consumer] = deque()
         self._consumers: dict[int, _Consumer] = {}  # rid -> consumer, admitted to the scheduler
-        self._accepted = 0  # requests accepted and not yet terminal (model admission capacity)
+        self._accepted = 0  # requests accepted, not yet terminal nor cancelled (model admission capacity)
         self._closing = False
         self._drained = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -131,9 +132,21 @@ class ModelRuntime:
         return RuntimeTicket(self, consumer)
 
     def _request_cancel(self, consumer: _Consumer) -> None:
+        # The capacity is given back now, not when the model thread gets to the cancel:
+        # the HTTP layer frees its permit as soon as a disconnected handler returns, and a
+        # request arriving then must not find the model's admission still full. The model
+        # thread handles every cancel before the arrivals of the same turn, so the
+        # scheduler never holds more than the capacity.
         with self._lock:
             self._cancels.append(consumer)
+            self._release(consumer)
         self._wake.set()
+
+    def _release(self, consumer: _Consumer) -> None:
+        """Give back ``consumer``'s admission capacity, once (with the lock held)."""
+        if not consumer.is_released:
+            consumer.is_released = True
+            self._accepted -= 1
 
     def close(self, timeout: float | None = None) -> None:
         """Stop admission, cancel what is left, drain the executor, join the thread."""
@@ -198,10 +211,10 @@ class ModelRuntime:
                 self._ingress.clear()
                 cancels = list(self._cancels)
                 self._cancels.clear()
+            for consumer in cancels:  # first: their capacity went to later arrivals
+                self._cancel(consumer)
             for consumer in arrivals:
                 self._admit(consumer)
-            for consumer in cancels:
-                self._cancel(consumer)
             if closing:
                 for consumer in list(self._consumers.values()):
                     self._cancel(consumer, ErrorEvent(AdmissionError(
@@ -240,6 +253,8 @@ class ModelRuntime:
         return submitted
 
     def _admit(self, consumer: _Consumer) -> None:
+        if consumer.is_done:  # cancelled before the model thread saw it arrive
+            return
         params = consumer.params
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         try:
@@ -369,7 +384,7 @@ class ModelRuntime:
     def _end(self, consumer: _Consumer, event) -> None:
         consumer.is_done = True
         with self._lock:
-            self._accepted -= 1
+            self._release(consumer)
         if event is not None:
             try:
                 consumer.sink(event)

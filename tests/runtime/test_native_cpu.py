@@ -150,6 +150,42 @@ def test_cancel_mid_stream_frees_the_slot(model):
     assert len(events) == n  # nothing published after the cancellation
 
 
+def test_a_cancel_gives_its_admission_capacity_back_at_once():
+    """A request submitted right after another was cancelled is accepted even before the
+    model thread has handled the cancel (the HTTP layer frees its permit as soon as a
+    disconnected handler returns), and the model never holds more than its capacity."""
+    from flare.errors import AdmissionError
+
+    m = NativeModel.load(demo_core(), EngineConfig(device="cpu", max_active=1, kv_memory_bytes=512 << 20),
+                         capacity=2)
+    try:
+        ids, _ = chat_ids(m.tokenizer, "You are verbose.", "Tell me a very long story.")
+        prompt = PreparedPrompt(np.asarray(ids, np.int32))
+        long = SamplingParams(max_tokens=2000, ignore_eos=True, **GREEDY)
+        first, second = collect(m, prompt, long), collect(m, prompt, long)
+        deadline = time.monotonic() + 120
+        while not any(isinstance(e, TokenEvent) for e in first[0]):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(AdmissionError) as full:
+            m.submit(prompt, long, lambda e: None)
+        assert full.value.status == 503
+        for _ in range(20):  # cancel the waiting request and take its place straight away, many times
+            second[2].cancel()
+            second = collect(m, prompt, long)
+        first[2].cancel()
+        third = collect(m, prompt, SamplingParams(max_tokens=3, **GREEDY))
+        second[2].cancel()
+        assert third[1].wait(120) and isinstance(third[0][-1], FinishEvent), third[0][-1:]
+        stats = m.runtime.stats()
+        assert stats["requests_cancelled"] == 22 and stats["requests_completed"] == 1, stats
+        with m.runtime._lock:
+            assert m.runtime._accepted == 0
+        assert not first[1].is_set(), "a cancelled request gets no terminal event"
+    finally:
+        m.close()
+
+
 def test_worker_failure_fails_every_request_and_stops_threads():
     m = NativeModel.load(demo_core(), EngineConfig(device="cpu", max_active=4, kv_memory_bytes=512 << 20))
     tok = m.tokenizer
