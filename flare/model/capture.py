@@ -53,7 +53,7 @@ def use_kernels(programs: StepPrograms) -> None:
     contract = programs.contract
     programs.decode_inputs = partial(slots.decode_inputs, programs.buffers, context=contract.context,
                                      page_tokens=contract.page_tokens)
-    programs.commit = partial(slots.commit_samples, programs.buffers, programs.output_counts)
+    programs.commit = partial(slots.commit_samples, programs.buffers, programs.output_counts, hidden=programs.hidden)
 
 
 def _new_graph():

@@ -62,7 +62,7 @@ class StepPrograms:
         # sampling program's writes back. The methods named here are the reference.
         self.greedy_tokens = greedy_tokens
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
-        self.commit = self._commit  # (slots, token, do_sample, kind, positions=None) -> None
+        self.commit = self._commit  # (slots, token, do_sample, kind, positions=None, rows=None) -> None
         self._ones = torch.ones(contract.max_batch, dtype=torch.bool, device=self.device)  # do_sample of decode rows
         self._runners = {
             GraphKind.INITIALIZE: self._initialize,
@@ -117,19 +117,22 @@ class StepPrograms:
         self._write_frame("out.records", slots, rec)
 
     def _sample_rows(self, slots: torch.Tensor, hidden: torch.Tensor, do_sample: torch.Tensor,
-                     kind: GraphKind, greedy: bool = False, positions: torch.Tensor | None = None) -> None:
+                     kind: GraphKind, greedy: bool = False, positions: torch.Tensor | None = None,
+                     keep_hidden: bool = False) -> None:
         """Sample for rows where do_sample, update slot state, write logprobs and records.
 
         ``greedy``: every row is greedy and wants no logprobs, so the token is the argmax
         of the penalized logits and no distribution is sorted or normalized. ``positions``:
         the rows' new slot positions, stored with the tokens (see :meth:`_commit`).
+        ``keep_hidden``: ``hidden`` goes into the slots' rows of ``self.hidden`` as well.
         """
         buf = self.buffers
         logits = self.decoder.logits(hidden)  # [b, V] float32
         if greedy:
             token = self.greedy_tokens(logits, buf["slot.sampling"], self.output_counts, self.prompt_counts, slots,
                                        do_sample, buf["slot.token"])
-            self._commit_samples(slots, token, do_sample, kind, positions=positions)
+            self._commit_samples(slots, token, do_sample, kind, positions=positions,
+                                 rows=hidden if keep_hidden else None)
             return
         params = buf["slot.sampling"][slots]
         penalized = apply_penalties(logits, params, self.output_counts[slots], self.prompt_counts[slots] > 0)
@@ -137,12 +140,13 @@ class StepPrograms:
         uniform = philox_uniform(buf["slot.seed"][slots], buf["slot.generated"][slots])
         token = sample(penalized, params, uniform)
         token = torch.where(do_sample, token, buf["slot.token"][slots])
-        self._commit_samples(slots, token, do_sample, kind, raw_logprobs, positions)
+        self._commit_samples(slots, token, do_sample, kind, raw_logprobs, positions, hidden if keep_hidden else None)
 
     def _commit_samples(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
-                        raw_logprobs: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> None:
+                        raw_logprobs: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                        rows: torch.Tensor | None = None) -> None:
         """Store sampled tokens in the slot rows, count them for penalties, write outputs."""
-        self.commit(slots, token, do_sample, kind, positions)
+        self.commit(slots, token, do_sample, kind, positions, rows)
         if raw_logprobs is None:
             return
         k = self.contract.top_logprobs
@@ -152,11 +156,13 @@ class StepPrograms:
         self._write_frame("out.top_ids", slots, top.indices)
 
     def _commit(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
-                positions: torch.Tensor | None = None) -> None:
+                positions: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> None:
         """Tokens (and ``positions``, the rows' new slot positions, when given) into the slot
         rows, generated and penalty counts, and the completion records (which read the
-        positions)."""
+        positions); the step's final hidden ``rows``, when given, into ``self.hidden``."""
         buf = self.buffers
+        if rows is not None:
+            self.hidden.index_copy_(0, slots, rows)
         if positions is not None:
             buf["slot.position"].index_copy_(0, slots, positions)
         buf["slot.token"].index_copy_(0, slots, token)
@@ -208,8 +214,8 @@ class StepPrograms:
             kv_lens=kv_lens,
         )
         hidden = self.decoder.forward(tokens, batch, self.kv, (n - 1).clamp(min=0))
-        self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL, positions=kv_lens)
-        self.hidden.index_copy_(0, slots, hidden)
+        self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL, positions=kv_lens,
+                          keep_hidden=True)
 
     def _decode_inputs(self, slots: torch.Tensor) -> tuple[torch.Tensor, AttentionBatch]:
         """A decode step's tokens [B, 1] and attention metadata, read from the slot rows."""
@@ -231,12 +237,12 @@ class StepPrograms:
         slots = self._step("step.slots", b)
         tokens, batch = self.decode_inputs(slots)
         hidden = self.decoder.forward(tokens, batch, self.kv)
-        # As in _prefill, the new positions are stored by the commit and the hidden rows
-        # copied last: a torch launch between the last layer and the logits would cut the
-        # chain of programmatically dependent launches there (the logits' weight loads
-        # could not start early).
-        self._sample_rows(slots, hidden, self._ones[:b], GraphKind.DECODE, graph.greedy, positions=batch.kv_lens)
-        self.hidden.index_copy_(0, slots, hidden)
+        # As in _prefill, the commit stores the new positions and the hidden rows: a torch
+        # launch between the last layer and the logits would cut the chain of
+        # programmatically dependent launches there (the logits' weight loads could not
+        # start early), and one after the commit would end every step with a plain launch.
+        self._sample_rows(slots, hidden, self._ones[:b], GraphKind.DECODE, graph.greedy, positions=batch.kv_lens,
+                          keep_hidden=True)
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]

@@ -1,4 +1,5 @@
-"""Captured CUDA graphs give the same greedy tokens as transformers (float32, tiny models)."""
+"""Captured CUDA graphs give the same greedy tokens as transformers (float32, tiny models),
+and snapshots taken on them resume where their slot left off."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from tests.model.harness import Harness, save_tiny
-from tests.model.test_parity_tiny import _greedy, _make, _prompt, _reference
+from tests.model.test_parity_tiny import _greedy, _make, _prompt, _reference, resume_after_decode_steps
 
 STEPS = 64
 
@@ -31,3 +32,8 @@ def test_greedy_tokens_match_transformers_for_64_steps(tiny_cuda):
         assert ref.argmax(-1).tolist() == tokens[s], f"slot {s}: greedy tokens differ from transformers"
         diff = (torch.stack(logits[s]) - ref).abs().max().item()
         assert diff <= 2e-3, f"slot {s}: max |logit difference| {diff}"
+
+
+def test_resume_from_a_snapshot_taken_after_decode_steps(tiny_cuda):
+    """The captured graphs: the decode commit kernel stores the hidden row a snapshot keeps."""
+    resume_after_decode_steps(tiny_cuda[1])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from flare.model.contract import GraphKind
+from flare.model.contract import REC_TOKEN0, GraphKind
 
 from .harness import Harness, save_tiny
 
@@ -163,6 +163,39 @@ def test_snapshot_restore_resumes_without_replay(tiny):
         logits.append(h.logits(3))
     _check(model, prompt, tokens, logits)
 
+
+def resume_after_decode_steps(h: Harness) -> None:
+    """A snapshot taken after decode steps carries the hidden row the last decode graph's
+    commit stored: a slot restored from it resumes with the token that step sampled, and
+    then decodes the same tokens as the slot it was taken from."""
+    prompt = _prompt(31, 90)
+    h.admit(1, generation=90)
+    tokens = [h.prefill(1, prompt, 0, [90])]
+    for _ in range(5):
+        tokens.append(h.decode([1])[1])
+    consumed = h.position(1)
+    assert consumed == 95
+    h.inputs.set_rows([1], 1)
+    h.inputs.set_snapshot_rows([0], 1)
+    h.run(GraphKind.SNAPSHOT, 1)
+    h.share_pages(3, h.pages[1][:consumed // h.contract.page_tokens])
+    h.alloc_pages(3, consumed + 1)
+    h.admit(3, position=0, generation=91)
+    h.inputs.set_rows([3], 1)
+    h.inputs.set_snapshot_rows([0], 1)
+    h.run(GraphKind.RESTORE, 1)
+    h.inputs.set_rows([3], 1)
+    resumed = [int(h.run(GraphKind.RESUME, 1).records[3, REC_TOKEN0])]
+    assert resumed[0] == tokens[-1], "the resumed sample must be the one the last decode step drew"
+    assert torch.equal(h.logits(3), h.logits(1))
+    both = {1: [tokens[-1]], 3: resumed}
+    h.decode_steps(both, {1: [], 3: []}, 8)
+    assert both[3] == both[1]
+
+
+def test_snapshot_after_decode_steps_resumes(tiny):
+    """The decode program keeps the hidden row a snapshot saves (see resume_after_decode_steps)."""
+    resume_after_decode_steps(tiny[1])
 
 def test_greedy_decode_variant_matches_the_general_sampler(tiny):
     """The greedy decode graph (argmax, no sort, no logprobs) picks the general sampler's tokens."""

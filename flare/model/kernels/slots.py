@@ -51,15 +51,20 @@ def _decode_inputs_kernel(
 @triton.jit
 def _commit_kernel(
     slots_ptr, token_ptr, do_sample_ptr, positions_ptr, slot_token_ptr, slot_generated_ptr, slot_generation_ptr,
-    slot_position_ptr, counts_ptr, records_ptr, frame_ptr, num_slots, s_counts, kind,
+    slot_position_ptr, counts_ptr, records_ptr, frame_ptr, num_slots, s_counts, kind, rows_ptr, hidden_ptr, width,
     FIELDS: tl.constexpr, BLOCK_F: tl.constexpr, F_SLOT: tl.constexpr, F_GENERATION: tl.constexpr,
     F_CONSUMED: tl.constexpr, F_GENERATED: tl.constexpr, F_NEW: tl.constexpr, F_KIND: tl.constexpr,
     F_FLAGS: tl.constexpr, F_TOKEN0: tl.constexpr, PARTICIPATED: tl.constexpr, SAMPLED: tl.constexpr,
-    HAS_POSITIONS: tl.constexpr, PDL: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr, HAS_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
+    if HAS_ROWS:  # the row's final hidden state into its slot (snapshots and resumes read it)
+        for start in range(0, width, BLOCK_H):
+            cols = start + tl.arange(0, BLOCK_H)
+            ok = cols < width
+            tl.store(hidden_ptr + slot * width + cols, tl.load(rows_ptr + row * width + cols, mask=ok), mask=ok)
     token = tl.load(token_ptr + row)
     if HAS_POSITIONS:  # the row's new slot position, stored before its record reads it
         consumed = tl.load(positions_ptr + row)
@@ -112,13 +117,21 @@ def decode_inputs(buffers: dict[str, torch.Tensor], slots: torch.Tensor, context
 
 def commit_samples(buffers: dict[str, torch.Tensor], output_counts: torch.Tensor, slots: torch.Tensor,
                    token: torch.Tensor, do_sample: torch.Tensor, kind: int,
-                   positions: torch.Tensor | None = None) -> None:
+                   positions: torch.Tensor | None = None, rows: torch.Tensor | None = None, *,
+                   hidden: torch.Tensor | None = None) -> None:
     """:meth:`StepPrograms._commit` in one launch: the sampled tokens (and ``positions``, the
     rows' new slot positions, when given) into the slot rows, the generated and penalty
-    counts, and each row's completion record into the current frame."""
+    counts, each row's completion record into the current frame, and the step's final
+    hidden ``rows`` [B, D], when given, into the slots' rows of ``hidden`` [S, D]."""
     kernel = "commit_samples"
     records = buffers["out.records"]
     b = slots.shape[0]
+    if rows is not None:
+        require(hidden is not None and hidden.dim() == 2 and hidden.is_contiguous(), kernel,
+                "rows need the contiguous [slots, D] hidden store to write them into")
+        require(rows.shape == (b, hidden.shape[1]) and rows.dtype == hidden.dtype and rows.is_contiguous(), kernel,
+                f"rows must be contiguous [{b}, {hidden.shape[1]}] {hidden.dtype}, got {tuple(rows.shape)} "
+                f"{rows.dtype}")
     require(token.shape == (b,) and do_sample.shape == (b,) and token.dtype == torch.int64, kernel,
             f"token and do_sample must be [{b}], token int64")
     require(positions is None or (positions.shape == (b,) and positions.dtype == torch.int64), kernel,
@@ -130,11 +143,13 @@ def commit_samples(buffers: dict[str, torch.Tensor], output_counts: torch.Tensor
         slots, token, do_sample, positions if positions is not None else token,
         buffers["slot.token"], buffers["slot.generated"], buffers["slot.generation"],
         buffers["slot.position"], output_counts, records, buffers["step.frame"], records.shape[1],
-        output_counts.stride(0), int(kind),
+        output_counts.stride(0), int(kind), rows if rows is not None else token,
+        hidden if rows is not None else token, hidden.shape[1] if rows is not None else 0,
         FIELDS=RECORD_FIELDS, BLOCK_F=next_power_of_2(RECORD_FIELDS), F_SLOT=REC_SLOT, F_GENERATION=REC_GENERATION,
         F_CONSUMED=REC_CONSUMED, F_GENERATED=REC_GENERATED, F_NEW=REC_NEW_TOKENS, F_KIND=REC_KIND,
         F_FLAGS=REC_FLAGS, F_TOKEN0=REC_TOKEN0, PARTICIPATED=REC_FLAG_PARTICIPATED, SAMPLED=REC_FLAG_SAMPLED,
-        HAS_POSITIONS=positions is not None, PDL=pdl, num_warps=1, **pdl_options(pdl),
+        HAS_POSITIONS=positions is not None, HAS_ROWS=rows is not None,
+        BLOCK_H=min(1024, next_power_of_2(hidden.shape[1])) if rows is not None else 1, PDL=pdl, num_warps=1, **pdl_options(pdl),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from flare.model.contract import GraphKind, PreparedContract
@@ -31,7 +32,8 @@ def _programs(seed: int) -> StepPrograms:
 
 
 def _state(programs: StepPrograms) -> dict[str, torch.Tensor]:
-    return {name: t.clone() for name, t in programs.buffers.items()} | {"counts": programs.output_counts.clone()}
+    return {name: t.clone() for name, t in programs.buffers.items()} | {"counts": programs.output_counts.clone(),
+                                                                        "hidden": programs.hidden.clone()}
 
 
 def test_decode_inputs_match_the_torch_reads():
@@ -47,20 +49,47 @@ def test_decode_inputs_match_the_torch_reads():
 
 
 def test_commit_matches_the_torch_writes():
-    # A decode step also stores the rows' new positions (its kv_lens), which the records read.
-    for kind, do_sample, positions in ((GraphKind.DECODE, [True, True, True], torch.tensor([40, 7, 256])),
-                                       (GraphKind.DECODE, [True, True, True], None),
-                                       (GraphKind.PREFILL, [True, False, True], None)):
+    # A decode step also stores the rows' new positions (its kv_lens), which the records read;
+    # decode and prefill steps store their final hidden rows into the slots' rows.
+    width = _programs(seed=4).hidden.shape[1]
+    rows = torch.randn(3, width, generator=torch.Generator().manual_seed(5))
+    for kind, do_sample, positions, hidden in (
+            (GraphKind.DECODE, [True, True, True], torch.tensor([40, 7, 256]), rows),
+            (GraphKind.DECODE, [True, True, True], None, None),
+            (GraphKind.PREFILL, [True, False, True], None, rows),
+            (GraphKind.RESUME, [True, False, True], None, None)):
         want_programs, got_programs = _programs(seed=4), _programs(seed=4)
         slots = torch.tensor([2, 5, 4])
         token = torch.tensor([7, 96, 0])
         sample = torch.tensor(do_sample)
-        want_programs._commit(slots, token, sample, kind, positions)
+        before = got_programs.hidden.clone()
+        want_programs._commit(slots, token, sample, kind, positions, hidden)
         slot_kernels.commit_samples(got_programs.buffers, got_programs.output_counts, slots, token, sample, kind,
-                                    positions)
+                                    positions, hidden, hidden=got_programs.hidden)
         want, got = _state(want_programs), _state(got_programs)
         for name in want:
             assert torch.equal(got[name], want[name]), f"{kind.name}: {name}"
         assert int(got["out.records"][1, 5, 0]) == 5, "the record goes to frame step.frame, row slot"
         if positions is not None:
             assert torch.equal(got["slot.position"][slots], positions)
+        if hidden is not None:
+            assert torch.equal(got["hidden"][slots], hidden) and not torch.equal(got["hidden"], before)
+            untouched = torch.ones(before.shape[0], dtype=torch.bool)
+            untouched[slots] = False
+            assert torch.equal(got["hidden"][untouched], before[untouched]), "other slots' rows stay"
+        else:
+            assert torch.equal(got["hidden"], before)
+
+
+def test_commit_rejects_rows_without_a_matching_store():
+    from flare.model.kernels import KernelInputError
+
+    programs = _programs(seed=4)
+    slots, token, sample = torch.tensor([2, 5]), torch.tensor([7, 96]), torch.tensor([True, True])
+    width = programs.hidden.shape[1]
+    with pytest.raises(KernelInputError, match="hidden store"):
+        slot_kernels.commit_samples(programs.buffers, programs.output_counts, slots, token, sample, GraphKind.DECODE,
+                                    None, torch.zeros(2, width))
+    with pytest.raises(KernelInputError, match="rows must be"):
+        slot_kernels.commit_samples(programs.buffers, programs.output_counts, slots, token, sample, GraphKind.DECODE,
+                                    None, torch.zeros(2, width + 1), hidden=programs.hidden)
