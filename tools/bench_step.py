@@ -185,9 +185,14 @@ VARIANTS = {
     # registers, so larger tiles or fewer warps fit as many programs an SM.
     "fold8": Variant(k_fold=8, exact=False),
     "fold8_gate_up_w2": Variant(k_fold=8, gemv_shapes={(28672, 4096): {"num_warps": 2}}, exact=False),
-    "fold8_qkv_8x1024_w4": Variant(k_fold=8, gemv_shapes={(6144, 4096): {"block_n": 8, "num_warps": 4}}, exact=False),
-    "qkv_fold8_r80": Variant(gemv_shapes={(6144, 4096): {"k_fold": 8, "max_registers": 80}}, exact=False),
-    "fold8_qkv_r80": Variant(k_fold=8, gemv_shapes={(6144, 4096): {"max_registers": 80}}, exact=False),
+    "fold8_qkv_8x1024_w4": Variant(k_fold=8, gemv_shapes={(6144, 4096): {"block_n": 8, "num_warps": 4,
+                                                                         "max_registers": 0}}, exact=False),
+    # The qkv product folds at 8 under an 80-register cap by default (one wave of 12
+    # programs an SM); these are the other choices.
+    "qkv_plain": Variant(gemv_shapes={(6144, 4096): {"k_fold": 1, "max_registers": 0}}, exact=False),
+    "qkv_fold8_nocap": Variant(gemv_shapes={(6144, 4096): {"max_registers": 0}}, exact=False),
+    "qkv_fold8_r72": Variant(gemv_shapes={(6144, 4096): {"max_registers": 72}}, exact=False),
+    "qkv_fold8_8x1024_w4_r80": Variant(gemv_shapes={(6144, 4096): {"block_n": 8, "num_warps": 4}}, exact=False),
     "fold8_o_down_16x1024": Variant(k_fold=8, gemv_shapes={(4096, 4096): {"block_n": 16},
                                                           (4096, 14336): {"block_n": 16}}, exact=False),
     "qkv_2x1024_w1": Variant(gemv_shapes={(6144, 4096): {"block_n": 2, "num_warps": 1}}, exact=False),

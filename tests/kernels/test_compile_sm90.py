@@ -11,6 +11,7 @@ cubin for sm_90 by Triton's own compiler and ptxas, which need no device.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -27,7 +28,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from flare.model import kernels  # noqa: E402
 from flare.model.attention import AttentionBatch  # noqa: E402
-from flare.model.kernels import GemvConfig  # noqa: E402
+from flare.model.kernels import GemvConfig, gemv  # noqa: E402
 
 from .paged_cases import build_case  # noqa: E402
 
@@ -76,17 +77,35 @@ def launches(monkeypatch, request):
     return seen
 
 
-def _compile_all(seen, ptx: dict[str, list[str]] | None = None) -> list[str]:
+def _specialize(fn: JITFunction, args: tuple, kwargs: dict, signature: dict, constexprs: dict) -> dict:
+    """What Triton's launcher assumes of the arguments a real launch passes (the CPU tensors'
+    allocations stand in for the device's, which are 256-byte aligned): integers equal to
+    1 become constants, and pointers and integers divisible by 16 say so. -> ASTSource attrs."""
+    bound = dict(zip(fn.arg_names, args)) | {k: v for k, v in kwargs.items() if k in fn.arg_names}
+    attrs = {}
+    for i, name in enumerate(fn.arg_names):
+        value, kind = bound.get(name), signature[name]
+        if kind.startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif kind in ("i32", "i64") and value == 1:
+            signature[name], constexprs[name] = "constexpr", 1
+        elif kind in ("i32", "i64") and value % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def _compile_all(seen, ptx: dict[str, list[str]] | None = None, specialize: bool = False) -> list[str]:
     compiled = set()
     for fn, args, kwargs in seen:
         signature, constexprs, options = _signature(fn, args, kwargs)
+        attrs = _specialize(fn, args, kwargs, signature, constexprs) if specialize else None
         key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(map(repr, constexprs.items()))),
                tuple(sorted(options.items())))
         if key in compiled:
             continue
         options.pop("launch_pdl", None)
-        binary = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=H200,
-                                options=options)
+        binary = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                target=H200, options=options)
         assert binary.asm.get("cubin"), f"{fn.__name__}: no cubin"
         if ptx is not None:
             ptx.setdefault(fn.__name__, []).append(binary.asm["ptx"])
@@ -153,6 +172,33 @@ def test_gemv_kernels_compile_for_sm90(launches):
     assert {"_linear_small_m_kernel", "_sum_splits_kernel"} <= set(names), names
 
 
+def test_batch1_qkv_default_fits_its_register_cap_without_spilling(launches, monkeypatch, capfd):
+    """The batch-1 qkv product's default config caps its registers (GemvConfig.max_registers)
+    so that all of Llama-3-8B's programs fit the H200 at once; the cap must not cost local
+    memory. ptxas reports the registers and spills of the cubin it writes. Compiled as a
+    real launch specializes it (aligned pointers): without that the loads are not
+    vectorized and the same kernel spills 340 bytes under the cap."""
+    monkeypatch.setattr(triton.knobs.nvidia, "dump_ptxas_log", True)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    w = _bf16(48 * 128, 4096)
+    cfg = kernels.default_config(1, *w.shape, torch.device("cpu"), gemv.EPILOGUE_ROPE)
+    assert cfg.max_registers and cfg.k_fold > 1, cfg
+    table, pool = torch.randn(4096, 128), torch.zeros(40, 64, 8, 128, dtype=torch.bfloat16)
+    one = kernels.linear_add_rms_norm_small_m(_bf16(1, 1, 4096), _bf16(4096, 4096), _bf16(1, 1, 4096, seed=3),
+                                              _bf16(4096), 1e-5)
+    launches.clear()
+    kernels.linear_qkv_rope_small_m(one, w, None, 32, table, table, torch.zeros(1, 1, dtype=torch.int64),
+                                    torch.zeros(1, 1, dtype=torch.int64), pool, pool.clone())
+    capfd.readouterr()
+    assert _compile_all(launches, specialize=True) == ["_linear_small_m_kernel"]
+    log = capfd.readouterr().out
+    used = [int(n) for n in re.findall(r"Used (\d+) registers", log)]
+    assert used and max(used) <= cfg.max_registers, log
+    # 65,536 registers an SM: at least 12 two-warp programs, 1,536 programs in one wave of 132 SMs
+    assert 65536 // (max(used) * 32 * cfg.num_warps) * 132 >= 6144 // cfg.block_n, log
+    assert re.findall(r"(\d+) bytes spill stores", log) == ["0"] and "0 bytes spill loads" in log, log
+
+
 def test_attention_kernels_compile_for_sm90(launches):
     decode = build_case(kv_lens=[1, 64, 700], q_len=1, num_heads=32, num_kv_heads=8, head_dim=128,
                         max_pages=12, dtype=torch.bfloat16)
@@ -209,7 +255,8 @@ def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
         index = torch.arange(b)
         slots.decode_inputs(buffers, index, 4096, 64)
         slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
-                             torch.ones(b, dtype=torch.bool), GraphKind.DECODE, index)
+                             torch.ones(b, dtype=torch.bool), GraphKind.DECODE, index,
+                             torch.zeros(b, 4096, dtype=torch.bfloat16), hidden=torch.zeros(s1, 4096, dtype=torch.bfloat16))
         slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
                              torch.ones(b, dtype=torch.bool), GraphKind.PREFILL)
     names = _compile_all(launches)

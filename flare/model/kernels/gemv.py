@@ -54,7 +54,8 @@ MAX_ROWS = 8
 EPILOGUE_PLAIN, EPILOGUE_GLU, EPILOGUE_ROPE = 0, 1, 2
 _GLU, _ROPE = tl.constexpr(EPILOGUE_GLU), tl.constexpr(EPILOGUE_ROPE)
 PRELOAD_TILES = 1  # GemvConfig.preload_tiles of the batch-1 default
-K_FOLD = 1  # GemvConfig.k_fold of the batch-1 default
+K_FOLD = 1  # GemvConfig.k_fold of the batch-1 default (the qkv product's is 8)
+ROPE_MAX_REGISTERS = 80  # GemvConfig.max_registers of the batch-1 qkv product (its RoPE epilogue)
 # GemvConfig fields :func:`default_config` overrides for (N, K) weight shapes at batch 1
 # (tools/bench_step.py sets them per variant).
 SHAPE_OVERRIDES: dict[tuple[int, int], dict] = {}
@@ -80,8 +81,8 @@ class GemvConfig:
     # 8 bf16 are one 16-byte load) before adding them to the accumulator, which shrinks by
     # as much. sm_90 compile of the batch-1 Llama-3-8B GEMVs with 8: qkv 153 -> 92
     # registers at two warps, gate_up 70 -> 46 and o/down 122 -> 56 at four, with no
-    # shared memory or barrier added and fewer float instructions in the PTX. Not yet
-    # timed on the H200, so off by default (tools/bench_step.py has the variants).
+    # shared memory or barrier added and fewer float instructions in the PTX. On the
+    # H200 it pays only for qkv, with a register cap (default_config).
     k_fold: int = 1
     # A register cap per thread for the compiler (ptxas -maxnreg; 0: its own choice), so
     # more programs fit an SM: qkv with k_fold 8 at two warps compiles to 75 registers
@@ -352,10 +353,18 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         # tile. tools/bench_step.py, H200, two calls: 3.688-3.707 ms a step against
         # 3.753-3.774 with two warps (3.704 against 3.761-3.775); qkv lost with four
         # (3.810), as did lm_head (3.786) and the gate/up product with eight (3.936).
+        # The qkv product (the RoPE epilogue) folds its accumulator and is capped at 80
+        # registers: 75 without spills against 153 (sm_90), so 12 of its two-warp programs
+        # fit an SM and Llama-3-8B's 1,536 run in one wave, not two. tools/bench_step.py,
+        # H200, two calls: 3.722-3.737 ms a step against 3.737-3.771 unfolded, and
+        # 3.653-3.671 against 3.687-3.707 (folded without the cap 3.693, a cap of 72
+        # 3.690, 8 x 1024 over four warps 3.690); folding the other GEMVs lost (3.839-3.858).
         narrow = n <= 4096 and k >= 4096
         warps = 4 if narrow or epilogue == EPILOGUE_GLU else 2
+        rope = epilogue == EPILOGUE_ROPE
         cfg = GemvConfig(block_n=8 if narrow else 4, block_k=1024, num_warps=warps, num_stages=3,
-                         mode="fma", preload_tiles=PRELOAD_TILES, k_fold=K_FOLD)
+                         mode="fma", preload_tiles=PRELOAD_TILES, k_fold=8 if rope else K_FOLD,
+                         max_registers=ROPE_MAX_REGISTERS if rope else 0)
         cfg = replace(cfg, **SHAPE_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
@@ -498,7 +507,7 @@ def fuses_qkv_rope(x: torch.Tensor, w: torch.Tensor, head_dim: int, config: Gemv
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not 1 <= m <= MAX_ROWS or x.dtype != torch.bfloat16:
         return False
-    cfg = config or default_config(m, *w.shape, x.device)
+    cfg = config or default_config(m, *w.shape, x.device, EPILOGUE_ROPE)
     return cfg.split_k == 1 and cfg.block_n % 2 == 0 and head_dim % 2 == 0 and (head_dim // 2) % (cfg.block_n // 2) == 0
 
 
@@ -519,7 +528,7 @@ def linear_qkv_rope_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias:
     kernel = "linear_qkv_rope_small_m"
     inputs = _rows(x)
     require(inputs.dim() == 3, kernel, f"x must be [B, Q, K], got {tuple(inputs.shape)}")
-    rows, cfg, norm = _prepare(kernel, x, w, bias, config)
+    rows, cfg, norm = _prepare(kernel, x, w, bias, config, EPILOGUE_ROPE)
     b, nq, _ = inputs.shape
     hkv, d = check_rope_targets(kernel, inputs, cos_table, sin_table, positions, write_index, k_pool, v_pool)
     require(w.shape[0] == (num_heads + 2 * hkv) * d, kernel,

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from flare.model.kernels import GemvConfig, KernelInputError, MAX_ROWS, default_config, linear, linear_small_m
+from flare.model.kernels import gemv
 from flare.model.kernels.gemv import prefers_small_m
 
 
@@ -63,6 +64,11 @@ def test_default_config_for_llama3_8b_shapes():
             assert cfg.block_k * cfg.split_k <= k and cfg.num_stages >= 3
             assert cfg.mode != "fma" or m == 1
             assert cfg.split_k == 1, f"{(m, n, k)}: Llama-3-8B layers need no K split, got {cfg}"
+    # The qkv product (its RoPE epilogue) folds its accumulator under a register cap at batch 1 only.
+    rope = default_config(1, 6144, 4096, cpu, gemv.EPILOGUE_ROPE)
+    assert (rope.k_fold, rope.max_registers, rope.num_warps) == (8, gemv.ROPE_MAX_REGISTERS, 2), rope
+    assert (default_config(1, 6144, 4096, cpu).k_fold, default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).k_fold,
+            default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).max_registers) == (1, 1, 0)
     # A small model's narrow layer splits K so the grid still covers the GPU.
     narrow = default_config(2, 896, 4864, cpu)
     assert narrow.split_k > 1 and -(-896 // narrow.block_n) * narrow.split_k >= 132 // 2, narrow
