@@ -256,7 +256,8 @@ def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
         slots.decode_inputs(buffers, index, 4096, 64)
         slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
                              torch.ones(b, dtype=torch.bool), GraphKind.DECODE, index,
-                             torch.zeros(b, 4096, dtype=torch.bfloat16), hidden=torch.zeros(s1, 4096, dtype=torch.bfloat16))
+                             torch.zeros(b, 4096, dtype=torch.bfloat16),
+                             hidden=torch.zeros(s1, 4096, dtype=torch.bfloat16))
         slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
                              torch.ones(b, dtype=torch.bool), GraphKind.PREFILL)
     names = _compile_all(launches)

@@ -149,7 +149,8 @@ def commit_samples(buffers: dict[str, torch.Tensor], output_counts: torch.Tensor
         F_CONSUMED=REC_CONSUMED, F_GENERATED=REC_GENERATED, F_NEW=REC_NEW_TOKENS, F_KIND=REC_KIND,
         F_FLAGS=REC_FLAGS, F_TOKEN0=REC_TOKEN0, PARTICIPATED=REC_FLAG_PARTICIPATED, SAMPLED=REC_FLAG_SAMPLED,
         HAS_POSITIONS=positions is not None, HAS_ROWS=rows is not None,
-        BLOCK_H=min(1024, next_power_of_2(hidden.shape[1])) if rows is not None else 1, PDL=pdl, num_warps=1, **pdl_options(pdl),
+        BLOCK_H=min(1024, next_power_of_2(hidden.shape[1])) if rows is not None else 1,
+        PDL=pdl, num_warps=1, **pdl_options(pdl),
     )
 
 
