@@ -209,7 +209,8 @@ def decode_runs(model) -> None:
     spec = model.core.recipe
     rng = np.random.default_rng(2)
     # Every CUDA-event step time the scheduler observes, by graph: the reported figure is
-    # the scheduler's own estimate (the median of the last nine), these show its spread.
+    # their median over the measured round (the scheduler's own estimate, the median of
+    # the last nine, is printed beside it).
     observed: dict[int, list[int]] = {}
 
     def observe(graph_index: int, duration_ns: int, now: float, _original=sched.timing.observe) -> None:

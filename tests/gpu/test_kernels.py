@@ -254,7 +254,6 @@ def test_decode_merge_in_kernel_graph_replay(b):
         check_attention(f"merge in kernel B={b} replay {step}", out, case)
 
 
-
 @triton.jit
 def _late_writer_kernel(k_ptr, v_ptr, rows_ptr, k_src_ptr, v_src_ptr, busy_ptr, num_busy, row_width,
                         BLOCK: tl.constexpr):
