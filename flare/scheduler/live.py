@@ -35,20 +35,25 @@ class SlotTable:
         self.num_pages = np.zeros(n, np.int64)  # page-table entries assigned
         self.limit = np.zeros(n, np.int64)  # most output tokens: min(max_tokens, context - prompt)
         self.ended = np.zeros(n, np.bool_)
+        # Ended on the host (finish(): a stop string) while steps were in flight: their
+        # sampled tokens are still recorded, unemitted, since the terminal checkpoint
+        # covers every token those steps consumed.
+        self.records_after_end = np.zeros(n, np.bool_)
         self.ignore_eos = np.zeros(n, np.bool_)
         self.has_stop_ids = np.zeros(n, np.bool_)  # request-specific stop_token_ids
         self.plain = np.zeros(n, np.bool_)  # greedy without logprobs: may use greedy decode graphs
         self.token_debt = np.zeros(n, np.float64)
         self.delivery_debt = np.zeros(n, np.float64)
         self.last_progress = np.zeros(n, np.float64)
-        self.num_out = np.zeros(n, np.int64)  # emitted output tokens
+        self.num_out = np.zeros(n, np.int64)  # recorded output tokens (emitted, then any after a host end)
         self.out = np.zeros((n, max(1, max_outputs)), np.int32)
 
     def reset(self, slot: int) -> None:
         for name in ("rid", "generation", "planned", "planned_gen", "consumed", "generated", "inflight",
                      "last_fence", "num_pages", "limit", "num_out"):
             getattr(self, name)[slot] = 0
-        self.ended[slot] = self.ignore_eos[slot] = self.has_stop_ids[slot] = self.plain[slot] = False
+        self.ended[slot] = self.records_after_end[slot] = False
+        self.ignore_eos[slot] = self.has_stop_ids[slot] = self.plain[slot] = False
         self.token_debt[slot] = self.delivery_debt[slot] = 0.0
         self.phase[slot] = int(Phase.RETIRED)
 
@@ -146,7 +151,7 @@ class LiveRequest:
 
     @property
     def sampled(self) -> list[int]:
-        """Emitted output tokens."""
+        """Recorded output tokens: every emitted one, then those of steps in flight at a host end."""
         if not self.slot:
             return list(self._cold.get("sampled", ()))
         return self.table.out[self.slot, :self.table.num_out[self.slot]].tolist()

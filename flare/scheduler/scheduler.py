@@ -150,6 +150,11 @@ class RequestScheduler:
             self.cancel(rid)
             return
         if req.ended is None:
+            # Steps already committed consumed tokens the host has not seen yet; their
+            # completions still record what they sampled, so the terminal checkpoint
+            # covers exactly the consumed tokens (spec: finish publishes the exact
+            # terminal consumed state).
+            self.table.records_after_end[req.slot] = True
             self._end(req, Ended(rid, reason, None))
 
     def cancel(self, rid: int) -> bool:
@@ -495,7 +500,14 @@ class RequestScheduler:
         t.generated[slots] = step.generated
         t.inflight[slots] -= 1
         t.epoch[slots] += 1
-        emit = (records[slots, REC_NEW_TOKENS] > 0) & ~t.ended[slots]
+        new = records[slots, REC_NEW_TOKENS] > 0
+        emit = new & ~t.ended[slots]
+        late = new & t.records_after_end[slots] & t.ended[slots]
+        if late.any():  # recorded for the terminal checkpoint, never emitted
+            ls = slots[late]
+            at = t.num_out[ls]
+            t.out[ls, at] = records[ls, REC_TOKEN0]
+            t.num_out[ls] = at + 1
         ended: list[Ended] = []
         if emit.any():
             es = slots[emit]

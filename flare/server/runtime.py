@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
+from ..engine.output import StopText
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
 from ..model.contract import GraphKind
@@ -59,7 +60,7 @@ class _Consumer:
     arrival: float
     rid: int = 0
     num_tokens: int = 0
-    pending_text: str = ""  # decoded text withheld while it may start a stop string
+    stops: StopText = None  # decoded text withheld while it may start a stop string
     is_done: bool = False
     is_cancelled: bool = False
     is_released: bool = False  # its model admission capacity is given back (guarded by the runtime's lock)
@@ -117,7 +118,8 @@ class ModelRuntime:
     # -- any thread -------------------------------------------------------------
 
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RuntimeTicket:
-        consumer = _Consumer(prompt, params, sink, self.decoder_factory(), time.monotonic())
+        consumer = _Consumer(prompt, params, sink, self.decoder_factory(), time.monotonic(),
+                             stops=StopText(params.stop))
         with self._lock:
             if self.failure is not None or self._closing:
                 raise AdmissionError("the model worker is unavailable"
@@ -323,45 +325,12 @@ class ModelRuntime:
                 ids = done.top_ids[slot]
                 top = tuple((int(ids[k]), float(row[1 + k])) for k in range(params.top_logprobs))
                 logprobs.append(TokenLogprob(token, float(row[0]), top))
-        text = consumer.pending_text + (consumer.decoder.push(visible) if visible else "")
-        text, stop = self._split_stop(consumer, text, final=False)
-        if stop is not None:
-            self.scheduler.finish(consumer.rid, "stop")
-            if text or visible:
-                consumer.sink(TokenEvent(tuple(visible), text, tuple(logprobs) if logprobs is not None else None))
-            self._finish(consumer, "stop", stop)
-            return
+        text, stop = consumer.stops.feed(consumer.decoder.push(visible) if visible else "")
         if text or visible:
             consumer.sink(TokenEvent(tuple(visible), text, tuple(logprobs) if logprobs is not None else None))
-
-    def _split_stop(self, consumer: _Consumer, text: str, *, final: bool) -> tuple[str, str | None]:
-        """Text safe to emit now, and the stop string that matched (if any).
-
-        Text that could be the start of a stop string is withheld until it can't.
-        """
-        stops = consumer.params.stop
-        if not stops:
-            consumer.pending_text = ""
-            return text, None
-        best = None
-        for s in stops:
-            i = text.find(s)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is not None:
-            consumer.pending_text = ""
-            return text[:best[0]], best[1]
-        if final:
-            consumer.pending_text = ""
-            return text, None
-        hold = 0
-        for s in stops:
-            for k in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        consumer.pending_text = text[len(text) - hold:] if hold else ""
-        return text[:len(text) - hold], None
+        if stop is not None:
+            self.scheduler.finish(consumer.rid, "stop")
+            self._finish(consumer, "stop", stop)
 
     def _finish(self, consumer: _Consumer, reason: str, stop) -> None:
         if consumer.is_done:
@@ -369,11 +338,9 @@ class ModelRuntime:
         if reason == "cancelled":
             self._cancel(consumer)
             return
-        tail = consumer.pending_text + consumer.decoder.flush()
-        if stop is None or isinstance(stop, int):
-            tail, matched = self._split_stop(consumer, tail, final=True)
-            if matched is not None:
-                reason, stop = "stop", matched
+        tail, matched = consumer.stops.flush(consumer.decoder.flush())
+        if matched is not None and not isinstance(stop, str):
+            reason, stop = "stop", matched
         if tail:
             consumer.sink(TokenEvent((), tail, () if consumer.params.logprobs else None))
         self._consumers.pop(consumer.rid, None)

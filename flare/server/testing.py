@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..config import PAGE_TOKENS
+from ..engine.output import StopText
 from ..errors import AdmissionError, ExecutionError, FrontendError
 from ..request import (ErrorEvent, EventSink, FinishEvent, ModelCard, PreparedPrompt, SamplingParams, TokenEvent,
                        TokenLogprob, Usage)
@@ -72,8 +73,7 @@ class _Live:
     cached_tokens: int
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     num_generated: int = 0
-    text: str = ""  # decoded output, stop strings not yet checked past ``num_emitted``
-    num_emitted: int = 0  # characters of ``text`` already published
+    stops: StopText = None  # withheld text that may start a stop string (set in submit)
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     is_cancelled: bool = False
@@ -175,7 +175,8 @@ class FakeEngine:
                 raise AdmissionError(f"model admission capacity exhausted ({self.config.max_pending} requests "
                                      f"waiting for {self.max_active} slots)", status=503,
                                      code="model_capacity_exhausted")
-            live = _Live(prompt, params, sink, self._reply(text), self._lookup_prefix(prompt.token_ids))
+            live = _Live(prompt, params, sink, self._reply(text), self._lookup_prefix(prompt.token_ids),
+                         stops=StopText(params.stop))
             if FAIL_MARKER in text or CRASH_MARKER in text:
                 live.num_failed_after = 2
                 live.is_crash = CRASH_MARKER in text
@@ -304,20 +305,13 @@ class FakeEngine:
             return True
         if token == EOS_ID or token in params.stop_token_ids:
             return self._finish(live, "stop", token if token != EOS_ID else None)
-        live.text += live.decoder.decode(bytes([token]))
-        if params.stop:
-            for stop in params.stop:
-                at = live.text.find(stop, max(0, live.num_emitted - len(stop) + 1))
-                if at >= 0:
-                    live.text = live.text[:at]
-                    return self._finish(live, "stop", stop)
+        text, stop = live.stops.feed(live.decoder.decode(bytes([token])))
+        if stop is not None:
+            return self._finish(live, "stop", stop, text)
         if live.num_generated >= params.max_tokens:
-            return self._finish(live, "length", None)
-        # Withhold a tail that could still become a stop string.
-        hold = max((len(s) - 1 for s in params.stop), default=0)
-        safe = len(live.text) - hold
-        if safe > live.num_emitted:
-            self._publish(live, live.text[live.num_emitted:safe])
+            return self._finish(live, "length", None, text)
+        if text:
+            self._publish(live, text)
         return False
 
     def _publish(self, live: _Live, text: str) -> None:
@@ -325,21 +319,22 @@ class FakeEngine:
             return
         logprobs = tuple(live.pending_logprobs) if live.params.logprobs else None
         live.sink(TokenEvent(tuple(live.pending_ids), text, logprobs))
-        live.num_emitted += len(text)
         live.pending_ids = []
         live.pending_logprobs = []
 
-    def _finish(self, live: _Live, reason: str, stop: str | int | None) -> bool:
+    def _finish(self, live: _Live, reason: str, stop: str | int | None, text: str = "") -> bool:
         if reason == "stop" and not isinstance(stop, str):
             # EOS and stop tokens count as generated but are not output.
             live.pending_ids.pop()
             if live.pending_logprobs:
                 live.pending_logprobs.pop()
         if not isinstance(stop, str):
-            live.text += live.decoder.decode(b"", final=True)
-        rest = live.text[live.num_emitted:]
-        if rest or live.pending_ids:
-            self._publish(live, rest)
+            tail, matched = live.stops.flush(live.decoder.decode(b"", final=True))
+            text += tail
+            if matched is not None:
+                reason, stop = "stop", matched
+        if text or live.pending_ids:
+            self._publish(live, text)
         usage = Usage(len(live.prompt), live.num_generated, live.cached_tokens)
         with self._lock:
             self._count("requests_completed")

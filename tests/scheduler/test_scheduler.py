@@ -156,6 +156,49 @@ def test_repeated_terminal_completion_never_emits_twice():
     assert later and later[0].plan.kind == GraphKind.DECODE, "expected a pipelined decode after the EOS"
 
 
+def test_host_finish_with_decodes_in_flight_publishes_the_consumed_tokens():
+    """finish() (a stop string) while pipelined decodes are in flight: their sampled
+    tokens are recorded, not emitted, and the terminal checkpoint covers exactly the
+    consumed tokens, so the next turn over them is a full hit."""
+    sched, ex, d, _ = make(manual=True, context=2048, pages=100)
+    sched.submit(prompt(tokens(2, 10)), params(4), 0)  # measure prefill and decode first
+    for _ in range(100):
+        d.pump()
+        ex.step(2)
+    p = tokens(4, 70)
+    rid = sched.submit(prompt(p), params(40), 0)
+    for _ in range(400):
+        d.pump(max_completions=1)
+        ex.step(1)
+        req = sched.live.get(rid)
+        if req is not None and len(d.tokens[rid]) >= 5 and req.inflight == 2:
+            break
+    req = sched.live[rid]
+    assert req.inflight == 2, "expected two pipelined decodes in flight"
+    emitted = list(d.tokens[rid])
+    sched.finish(rid, "stop")
+    consumed = req.planned - req.prompt_len
+    assert consumed > len(emitted)  # the host has not seen every consumed token yet
+    for _ in range(400):
+        d.pump()
+        ex.step(2)
+        if rid not in sched.live and not sched.inflight:
+            break
+    assert rid not in sched.live
+    assert d.tokens[rid] == emitted  # nothing after the finish was emitted
+    sampled = req.sampled
+    assert sampled[:len(emitted)] == emitted and len(sampled) >= consumed
+    follow = np.concatenate([p, np.asarray(sampled[:consumed])])
+    rid2 = sched.submit(prompt(follow), params(2), 0)
+    for _ in range(400):
+        d.pump()
+        ex.step(2)
+        if rid2 in d.ended and not sched.inflight:
+            break
+    assert d.ended[rid2].reason == "length"
+    assert sched.cache.counters().reused_tokens >= len(follow) - 1
+
+
 def test_cancel_holds_resources_until_fence():
     sched, ex, d, _ = make(manual=True, max_active=1)
     rid = sched.submit(prompt(tokens(4, 100)), params(50), 0)

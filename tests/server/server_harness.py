@@ -190,6 +190,41 @@ def metric(served: Served, name: str) -> float:
     raise KeyError(name)
 
 
+IDLE_GAUGES = ("flare_slots_live", "flare_slots_retiring", "flare_requests_pending", "flare_http_admitted",
+               "flare_frontend_busy", "flare_frontend_waiting")
+
+
+def metrics(served: Served) -> dict[str, float]:
+    """Every unlabelled sample of /metrics."""
+    _, _, body = request(served, "GET", "/metrics", auth=False)
+    out = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_idle(served: Served, timeout: float = 20.0) -> dict[str, float]:
+    """Wait until no slot, permit, page or frontend worker is held; the last scrape.
+
+    A response ends before its request retires (a terminal snapshot may still run),
+    so idleness is awaited, then asserted: every slot free again, every page that is
+    not owned by a cached checkpoint reusable.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        sample = metrics(served)
+        busy = {name: sample.get(name, 0.0) for name in IDLE_GAUGES if sample.get(name, 0.0)}
+        if not busy:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the server did not return to idle: {busy}")
+        time.sleep(0.05)
+    assert sample.get("flare_slots_free", 1) > 0, sample
+    return sample
+
+
 def assert_error(status: int, payload: Any, expected: int, *needles: str) -> dict:
     assert status == expected, payload
     error = payload["error"]
