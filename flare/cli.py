@@ -64,6 +64,11 @@ def _serve(args: argparse.Namespace) -> int:
     if core is None:
         from .core.embedded import demo_core
         core = demo_core(_progress)
+    else:
+        from .core.format import load_core
+        # Refuse a bad core here, as one line and exit 2, before the server starts: every
+        # check but the full SHA-256 pass, which the engine's load makes.
+        load_core(core, verify=False)
     return serve(lambda progress: NativeEngine.load(core, config, progress), config)
 
 
@@ -110,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "info":
             return _info(args)
         return _serve(args)
-    except Error as exc:
+    except (Error, OSError) as exc:  # a refusal, or a file the OS would not give us
         print(f"flare: error: {exc}", file=sys.stderr)
         return 2
 
@@ -122,7 +127,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _serve(args)
-    except Error as exc:
+    except (Error, OSError) as exc:  # a refusal, or a file the OS would not give us
         print(f"flare-serve: error: {exc}", file=sys.stderr)
         return 2
 

@@ -9,6 +9,7 @@ families of the spec stay distinct through worker channels:
   drain failure, CUDA errors). Always a 500 at the HTTP edge.
 - :class:`FrontendError`: assets or inputs the frontend cannot accept
   (templates, tokenizers, images, fingerprints). A 400 when caused by a request.
+  Its :class:`CoreError` refuses a core directory at load, naming file and field.
 """
 
 from __future__ import annotations
@@ -55,3 +56,15 @@ class FrontendError(Error):
 
     status = 400
     code = "frontend_error"
+
+
+class CoreError(FrontendError):
+    """A core directory that is refused at load. The message starts with the file
+    (``.../core.json``, ``.../weights-00001.safetensors``), then the field at fault."""
+
+    code = "core_error"
+
+    def __init__(self, file: object, message: str, *, field: str | None = None):
+        super().__init__(f"{file}: {message}")
+        self.file = str(file)
+        self.field = field

@@ -1,8 +1,10 @@
 """The core format: a prepared model directory and its manifest, ``core.json``.
 
-See docs/core-format.md. Loading checks the format version, then every asset's
-size and SHA-256 before anything is parsed, so a truncated or edited core fails
-with a FrontendError naming the asset.
+See docs/core-format.md. Loading refuses, with a CoreError naming the file and
+the field, a manifest with a field of the wrong type or range
+(flare/core/schema.py), a missing or resized asset, weights that disagree with
+the recipe (flare/core/layout.py, headers only), a contract hash that disagrees
+with its asset, and then any asset whose SHA-256 differs from its record.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import FrontendError
+from ..errors import CoreError
 from ..fixtures import sha256_file as sha256_path
 from ..model.spec import ModelSpec
+from .layout import check_weights
+from .schema import TEMPLATE_ASSET, check_manifest
 
 FORMAT_NAME = "flare-core"
 FORMAT_VERSION = 1
@@ -78,33 +82,64 @@ class Core:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
+    """core.json as a JSON object of this format and version (its fields unchecked)."""
     manifest_path = Path(path) / MANIFEST
     if not manifest_path.is_file():
-        raise FrontendError(f"{path} is not a Flare core: {MANIFEST} is missing")
+        raise CoreError(path, f"is not a Flare core: {MANIFEST} is missing")
     try:
-        data = json.loads(manifest_path.read_text())
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FrontendError(f"{manifest_path} is corrupt: {exc}") from None
+        raise CoreError(manifest_path, f"is corrupt: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise CoreError(manifest_path, f"cannot be read: {exc.strerror or exc}") from None
+    if not isinstance(data, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")
+        raise CoreError(manifest_path, f"must hold a JSON object, got {kind}")
     if data.get("format") != FORMAT_NAME:
-        raise FrontendError(f"{manifest_path} is not a Flare core manifest")
-    if data.get("format_version") != FORMAT_VERSION:
-        raise FrontendError(
-            f"{manifest_path} has format version {data.get('format_version')}; this Flare reads {FORMAT_VERSION}")
+        raise CoreError(manifest_path, f"format must be {FORMAT_NAME!r}: this is not a Flare core manifest",
+                        field="format")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise CoreError(manifest_path, f"format_version is {json.dumps(version)}; this Flare reads "
+                                       f"{FORMAT_VERSION}", field="format_version")
     return data
 
 
-def verify_assets(path: Path, assets: dict[str, dict[str, Any]], progress: Progress | None = None) -> None:
-    """Check every asset's size, then its SHA-256 (shards hashed in parallel: hashlib
-    releases the GIL, so a 16 GB core verifies in a few seconds on a many-core host)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def check_files(path: Path, assets: dict[str, dict[str, Any]]) -> None:
+    """Every asset is present with its recorded size (a stat each, no reading)."""
     for name, info in sorted(assets.items()):
         asset = path / name
         if not asset.is_file():
-            raise FrontendError(f"core asset {name} is missing from {path}")
+            raise CoreError(asset, f"is missing (core.json assets.{name} lists it)", field=f"assets.{name}")
         size = asset.stat().st_size
         if size != info["bytes"]:
-            raise FrontendError(f"core asset {name} has {size} bytes, the manifest records {info['bytes']}")
+            raise CoreError(asset, f"has {size} bytes but core.json assets.{name}.bytes records {info['bytes']}",
+                            field=f"assets.{name}.bytes")
+
+
+def check_contract_hashes(path: Path, contract: dict[str, Any], assets: dict[str, dict[str, Any]]) -> list[str]:
+    """The contract's asset hashes against the assets' records; returns the assets they name."""
+    recorded = contract["frontend"]["template"]["sha256"]
+    name = "contract.frontend.template.sha256"
+    if recorded is None:
+        if TEMPLATE_ASSET in assets:
+            raise CoreError(path / MANIFEST, f"{name} is null but the core has {TEMPLATE_ASSET}", field=name)
+        return []
+    if TEMPLATE_ASSET not in assets:
+        raise CoreError(path / MANIFEST, f"{name} records a chat template but assets has no {TEMPLATE_ASSET}",
+                        field=name)
+    if recorded != assets[TEMPLATE_ASSET]["sha256"]:
+        raise CoreError(path / MANIFEST, f"{name} is {recorded} but assets.{TEMPLATE_ASSET}.sha256 is "
+                                         f"{assets[TEMPLATE_ASSET]['sha256']}: the template changed after export "
+                                         "without its contract; export the core again", field=name)
+    return [TEMPLATE_ASSET]
+
+
+def verify_assets(path: Path, assets: dict[str, dict[str, Any]], progress: Progress | None = None) -> None:
+    """Check every asset's SHA-256 (shards hashed in parallel: hashlib releases the
+    GIL, so a 16 GB core verifies in a few seconds on a many-core host)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     total = sum(info["bytes"] for info in assets.values())
     if progress and total > (256 << 20):
         progress(f"verifying {len(assets)} assets ({total / 2**30:.1f} GiB)")
@@ -113,27 +148,32 @@ def verify_assets(path: Path, assets: dict[str, dict[str, Any]], progress: Progr
         digests = dict(zip(names, pool.map(lambda n: sha256_path(path / n), names)))
     for name in names:
         if digests[name] != assets[name]["sha256"]:
-            raise FrontendError(f"fingerprint mismatch for core asset {name}: SHA-256 {digests[name]}, "
-                                f"manifest records {assets[name]['sha256']}")
+            raise CoreError(path / name, f"fingerprint mismatch for core asset {name}: SHA-256 {digests[name]}, "
+                                         f"core.json assets.{name}.sha256 records {assets[name]['sha256']}",
+                            field=f"assets.{name}.sha256")
 
 
 def load_core(path: Path, *, verify: bool = True, progress: Progress | None = None) -> Core:
-    """Read a core's manifest and verify every asset's size and SHA-256."""
+    """Read and check a core, cheapest checks first: core.json's fields, each asset's
+    presence and size, the weights' headers against the recipe, the contract's asset
+    hashes; then (``verify``) every asset's SHA-256. ``verify=False`` still hashes the
+    assets the contract fingerprints (the chat template: small). Raises CoreError."""
     path = Path(path)
     data = read_manifest(path)
-    assets = data.get("assets") or {}
-    if verify:
-        verify_assets(path, assets, progress)
-    try:
-        return Core(
-            path=path,
-            identifier=data["identifier"],
-            recipe=ModelSpec.from_json(data["recipe"]),
-            dtype=data["dtype"],
-            contract=CoreContract.from_json(data["contract"]),
-            generation=data.get("generation") or {},
-            assets=assets,
-            manifest=data,
-        )
-    except (KeyError, TypeError) as exc:
-        raise FrontendError(f"{path / MANIFEST} is missing or has a malformed field: {exc}") from None
+    check_manifest(path / MANIFEST, data)
+    assets = data["assets"]
+    check_files(path, assets)
+    recipe = ModelSpec.from_json(data["recipe"])
+    check_weights([path / n for n in sorted(assets) if n.startswith("weights")], recipe, data["dtype"])
+    hashed = check_contract_hashes(path, data["contract"], assets)
+    verify_assets(path, assets if verify else {n: assets[n] for n in hashed}, progress)
+    return Core(
+        path=path,
+        identifier=data["identifier"],
+        recipe=recipe,
+        dtype=data["dtype"],
+        contract=CoreContract.from_json(data["contract"]),
+        generation=data.get("generation") or {},
+        assets=assets,
+        manifest=data,
+    )

@@ -110,7 +110,7 @@ def test_fingerprint_mismatch_and_missing_asset_on_load(checkpoint, tmp_path):
     with pytest.raises(FrontendError, match="fingerprint mismatch for core asset tokenizer.json"):
         load_core(out)
     tok.unlink()
-    with pytest.raises(FrontendError, match="tokenizer.json is missing"):
+    with pytest.raises(FrontendError, match="tokenizer.json: is missing"):
         load_core(out)
     (out / "core.json").write_text("{not json")
     with pytest.raises(FrontendError, match="corrupt"):
