@@ -53,5 +53,9 @@ class Engine(Protocol):
     def stats(self) -> Mapping[str, float]:
         """Counters and gauges for /metrics (names in docs/metrics.md)."""
 
+    def shed_queued(self, error: Error) -> None:
+        """End every request still waiting for a model slot with ``error`` (shutdown
+        starts: queued requests are answered at once, active ones get the grace period)."""
+
     def close(self, timeout: float | None = None) -> None:
         """Stop admission, drain execution, release resources."""

@@ -96,5 +96,8 @@ class NativeEngine:
     def stats(self) -> Mapping[str, float]:
         return self.model.runtime.stats()
 
+    def shed_queued(self, error) -> None:
+        self.model.runtime.shed_queued(error)
+
     def close(self, timeout: float | None = None) -> None:
         self.model.close(timeout)

@@ -25,7 +25,9 @@ from ..errors import AdmissionError, Error, ExecutionError
 from ..request import ErrorEvent, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent, Usage
 from .app import Router, ServerState, error_response
 from .openai_schema import GenerationRequest, parse_chat, parse_completion
+from .generation import ActiveGeneration
 from .protocol import HttpConnection, HttpRequest
+from .request_body import decode_json, shorten
 from .response import Response
 from .stream import EventStream
 
@@ -60,28 +62,30 @@ def get_model(state: ServerState, name: str) -> Response:
     name = unquote(name)
     if state.card.matches(name) or name == state.card.id:
         return Response.json(200, model_card(state))
-    return error_response(404, f"the model '{name}' does not exist", code="model_not_found", param="model")
+    return error_response(404, f"the model '{shorten(name)}' does not exist", code="model_not_found",
+                          param="model")
 
 
 # -- generation ----------------------------------------------------------------
 
-def _json_body(request: HttpRequest) -> Any:
-    if not request.body:
-        raise AdmissionError("request body is empty; expected a JSON object", status=400, code="invalid_json")
-    try:
-        return json.loads(request.body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AdmissionError(f"request body is not valid JSON: {exc}", status=400, code="invalid_json") from None
+def _json_body(state: ServerState, request: HttpRequest) -> Any:
+    return decode_json(request.body, max_depth=state.config.max_json_depth)
 
 
 def _check_model(state: ServerState, gen: GenerationRequest) -> None:
     if gen.model is not None and gen.model != state.card.id and not state.card.matches(gen.model):
-        raise AdmissionError(f"the model '{gen.model}' does not exist", status=404, code="model_not_found",
+        raise AdmissionError(f"the model '{shorten(gen.model)}' does not exist", status=404, code="model_not_found",
                              param="model")
 
 
+def _refuse_when_draining(state: ServerState) -> None:
+    if state.is_draining:
+        raise AdmissionError("the server is shutting down; not accepting generation requests", status=503,
+                             code="shutting_down")
+
+
 async def chat_completions(state: ServerState, request: HttpRequest, conn: HttpConnection) -> Response | None:
-    gen = parse_chat(_json_body(request))
+    gen = parse_chat(_json_body(state, request))
     _check_model(state, gen)
     engine = state.engine
     prompt = await state.frontend.run(lambda: engine.prepare_chat(gen.messages, tools=gen.tools,
@@ -90,7 +94,7 @@ async def chat_completions(state: ServerState, request: HttpRequest, conn: HttpC
 
 
 async def completions(state: ServerState, request: HttpRequest, conn: HttpConnection) -> Response | None:
-    gen = parse_completion(_json_body(request))
+    gen = parse_completion(_json_body(state, request))
     _check_model(state, gen)
     prompt = await state.frontend.run(state.engine.prepare_text, gen.prompt)
     return await _generate(state, request, conn, gen, prompt, CompletionFormat(state, gen))
@@ -101,10 +105,11 @@ async def _generate(state: ServerState, request: HttpRequest, conn: HttpConnecti
     if conn.is_lost:
         return None  # the client left while its prompt was prepared
     params = gen.sampling_params(len(prompt), state.engine.context_len, state.config.context_hint)
+    _refuse_when_draining(state)  # it waited for a frontend worker while shutdown began
     stream = EventStream(state.dispatcher)
     ticket = state.engine.submit(prompt, params, stream.sink)  # raises AdmissionError (400/503)
-    state.tickets.add(ticket)
-    state.streams.add(stream)
+    active = ActiveGeneration(ticket, stream)
+    state.generations.add(active)
 
     def on_disconnect() -> None:
         if not stream.is_terminal_received:
@@ -118,8 +123,7 @@ async def _generate(state: ServerState, request: HttpRequest, conn: HttpConnecti
             return await _stream(state, request, conn, stream, fmt, gen, params)
         return await _collect(state, request, conn, stream, fmt, params)
     finally:
-        state.tickets.discard(ticket)
-        state.streams.discard(stream)
+        state.generations.discard(active)
         if not stream.is_terminal_received:
             ticket.cancel()  # shutdown, disconnect or a failure here: free the model slot
 

@@ -10,13 +10,13 @@ length is known (``max_tokens`` defaults to the rest of the context).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..errors import AdmissionError
 from ..request import MAX_TOP_LOGPROBS, SamplingParams
+from .request_body import decode_json, shorten
 
 # Fields every generation route accepts, beside its own.
 _COMMON = frozenset({
@@ -35,6 +35,9 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning"})
 _MESSAGE_KEYS_NULL = frozenset({"refusal", "function_call", "audio", "annotations"})
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024  # one stop string
+MAX_NAME_CHARS = 1024  # model names, message names, tool call IDs and function names
+MAX_TOKEN_ID = 2**31 - 1  # token IDs are int32 on the device; the engine checks the vocabulary
 # OpenAI caps completions' integer logprobs at 5; we serve up to the runtime's limit.
 MAX_COMPLETION_LOGPROBS = MAX_TOP_LOGPROBS
 
@@ -111,7 +114,9 @@ def _bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
 def _check_fields(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
     unknown = sorted(key for key in body if key not in allowed)
     if unknown:
-        raise _unsupported(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
+        names = [shorten(key, 64) for key in unknown[:8]]
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        raise _unsupported(f"unsupported field(s): {', '.join(names)}{more}", names[0])
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,12 +132,16 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         raise _invalid("'stop' must be a string or a list of strings", "stop")
     if len(stops) > MAX_STOP_STRINGS:
         raise _invalid(f"'stop' accepts at most {MAX_STOP_STRINGS} strings", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise _invalid(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
     stop_ids = body.get("stop_token_ids")
     if stop_ids is None:
         stop_ids = []
-    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                 for t in stop_ids):
-        raise _invalid("'stop_token_ids' must be a list of non-negative integers", "stop_token_ids")
+    if not isinstance(stop_ids, list) or not all(_is_token_id(t) for t in stop_ids):
+        raise _invalid(f"'stop_token_ids' must be a list of token IDs (integers 0..{MAX_TOKEN_ID})",
+                       "stop_token_ids")
+    if len(stop_ids) > 1024:
+        raise _invalid("'stop_token_ids' accepts at most 1024 IDs", "stop_token_ids")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64):
         raise _invalid("'seed' must be a 64-bit integer", "seed")
@@ -153,6 +162,19 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         "stop_token_ids": tuple(stop_ids),
         "ignore_eos": _bool(body, "ignore_eos"),
     }
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def _name(value: Any, param: str) -> str:
+    """A short identifier string (model, message name, tool call ID, function name)."""
+    if not isinstance(value, str):
+        raise _invalid(f"'{param}' must be a string", param)
+    if len(value) > MAX_NAME_CHARS:
+        raise _invalid(f"'{param}' may have at most {MAX_NAME_CHARS} characters, got {len(value)}", param)
+    return value
 
 
 def _top_p(body: Mapping[str, Any]) -> float:
@@ -178,9 +200,7 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
 
 def _model(body: Mapping[str, Any]) -> str | None:
     model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _invalid("'model' must be a string", "model")
-    return model
+    return None if model is None else _name(model, "model")
 
 
 def parse_chat(body: Any) -> GenerationRequest:
@@ -233,9 +253,9 @@ def parse_completion(body: Any) -> GenerationRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-            raise _unsupported("'prompt' must be a string or a list of token IDs (one prompt per request)",
-                               "prompt")
+        if not prompt or not all(_is_token_id(t) for t in prompt):
+            raise _unsupported(f"'prompt' must be a string or a list of token IDs (integers 0..{MAX_TOKEN_ID}, "
+                               f"one prompt per request)", "prompt")
     elif not isinstance(prompt, str):
         raise _invalid("'prompt' must be a string or a list of token IDs", "prompt")
     if body.get("echo"):
@@ -258,7 +278,7 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise _invalid(f"{param} must be an object", param)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise _invalid(f"{param}.role must be one of {', '.join(sorted(ROLES))}", f"{param}.role")
     out: dict[str, Any] = {"role": role}
     for key, value in message.items():
@@ -266,6 +286,7 @@ def _message(message: Any, index: int) -> dict[str, Any]:
             if value:
                 raise _unsupported(f"{param}.{key} is not supported", f"{param}.{key}")
         elif key not in _MESSAGE_KEYS:
+            key = shorten(key, 64)
             raise _unsupported(f"{param}.{key} is not supported", f"{param}.{key}")
     content = message.get("content")
     tool_calls = message.get("tool_calls")
@@ -280,6 +301,8 @@ def _message(message: Any, index: int) -> dict[str, Any]:
         if value is not None:
             if not isinstance(value, str):
                 raise _invalid(f"{param}.{key} must be a string", f"{param}.{key}")
+            if key in ("name", "tool_call_id"):
+                _name(value, f"{param}.{key}")
             out[key] = value
     if tool_calls:
         if role != "assistant":
@@ -300,7 +323,8 @@ def _content(content: Any, param: str) -> str:
             raise _invalid(f"{param}[{i}] must be an object", f"{param}[{i}]")
         kind = part.get("type")
         if kind != "text":
-            raise _unsupported(f"{param}[{i}]: content part type '{kind}' is not supported", f"{param}[{i}].type")
+            raise _unsupported(f"{param}[{i}]: content part type '{shorten(kind, 64)}' is not supported",
+                               f"{param}[{i}].type")
         text = part.get("text")
         if not isinstance(text, str):
             raise _invalid(f"{param}[{i}].text must be a string", f"{param}[{i}].text")
@@ -319,19 +343,18 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
         function = call.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise _invalid(f"{where}.function must name the function", f"{where}.function")
+        _name(function["name"], f"{where}.function.name")
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
             # OpenAI sends arguments as a JSON string; templates index into them.
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as exc:
-                raise _invalid(f"{where}.function.arguments is not valid JSON: {exc}",
-                               f"{where}.function.arguments") from None
+            arguments = decode_json(arguments.encode("utf-8"), what=f"{where}.function.arguments",
+                                    param=f"{where}.function.arguments") if arguments.strip() else {}
         if not isinstance(arguments, dict):
             raise _invalid(f"{where}.function.arguments must be a JSON object", f"{where}.function.arguments")
         entry: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
-        if call.get("id") is not None:
-            entry["id"] = str(call["id"])
+        call_id = call.get("id")
+        if call_id is not None:
+            entry["id"] = _name(str(call_id) if type(call_id) is int else call_id, f"{where}.id")
         out.append(entry)
     return out
 

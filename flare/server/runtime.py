@@ -111,6 +111,7 @@ class ModelRuntime:
         self._consumers: dict[int, _Consumer] = {}  # rid -> consumer, admitted to the scheduler
         self._accepted = 0  # requests accepted, not yet terminal nor cancelled (model admission capacity)
         self._closing = False
+        self._shed: Error | None = None  # end queued requests with this error (model thread)
         self._drained = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -149,6 +150,12 @@ class ModelRuntime:
         if not consumer.is_released:
             consumer.is_released = True
             self._accepted -= 1
+
+    def shed_queued(self, error: Error) -> None:
+        """End every request not yet holding a slot with ``error``; later arrivals still queue."""
+        with self._lock:
+            self._shed = error
+        self._wake.set()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop admission, cancel what is left, drain the executor, join the thread."""
@@ -209,6 +216,7 @@ class ModelRuntime:
         while True:
             with self._lock:
                 closing = self._closing
+                shed, self._shed = self._shed, None
                 arrivals = list(self._ingress)
                 self._ingress.clear()
                 cancels = list(self._cancels)
@@ -217,6 +225,10 @@ class ModelRuntime:
                 self._cancel(consumer)
             for consumer in arrivals:
                 self._admit(consumer)
+            if shed is not None:
+                queued = {req.rid for req in sched.queue}
+                for consumer in [c for c in self._consumers.values() if c.rid in queued]:
+                    self._cancel(consumer, ErrorEvent(shed))
             if closing:
                 for consumer in list(self._consumers.values()):
                     self._cancel(consumer, ErrorEvent(AdmissionError(

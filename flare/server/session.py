@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Union
 import uvloop
 
 from ..config import ServerConfig
+from ..errors import Error
 from . import openai_routes
 from .app import Application, Router, ServerState
 from .engine import Engine
@@ -179,20 +180,26 @@ class HttpServer:
             self._server.close()
         for conn in list(self.connections):
             conn.shutdown()
+        # Requests still waiting for a model slot are answered now (503, with the
+        # capacity hint); requests waiting for a frontend worker get the same once
+        # prepared. Active responses get the grace period.
+        state.engine.shed_queued(Error("the server is shutting down; the request was still queued",
+                                       status=503, code="shutting_down"))
         idle = asyncio.ensure_future(state.admission.wait_idle(grace_s))
         hurry = asyncio.ensure_future(self._hurry.wait())
         await asyncio.wait({idle, hurry}, return_when=asyncio.FIRST_COMPLETED)
         hurry.cancel()
         if not idle.done() or not idle.result():
             idle.cancel()
-            log.warning("%d responses still active after %.1f s; cancelling them", state.admission.num_in_use, grace_s)
-        for ticket in list(state.tickets):
-            ticket.cancel()
-        for stream in list(state.streams):
-            stream.abandon()
-        # Abandoned handlers end their streams (terminating chunk) or answer 503
-        # within a few loop iterations; a connection still busy after that is cut.
-        await state.admission.wait_idle(1.0)
+            log.warning("%d responses still active after the shutdown grace period; ending them",
+                        state.admission.num_in_use)
+        # Every response still running ends with its family's terminal error event
+        # (or a 503 if nothing was sent yet) before its connection closes.
+        cut = Error("the server is shutting down; the response was ended before it was complete", status=503,
+                    code="shutting_down")
+        for active in list(state.generations):
+            active.end(cut)
+        await state.admission.wait_idle(2.0)
         for conn in list(self.connections):
             if conn.is_idle:
                 conn.shutdown()

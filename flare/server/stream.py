@@ -97,12 +97,23 @@ class EventStream:
             self._dispatcher.notify(self)
 
     def _take(self) -> list[Event]:
+        """Every event queued, up to the first terminal one; nothing once that was taken.
+
+        Two threads may end a stream (the runtime finishing the request, the server
+        ending it at shutdown): the first terminal event wins, later ones are dropped.
+        """
         events = self._events
         batch = []
+        if self.is_terminal_received:
+            events.clear()
+            return batch
         while events:
-            batch.append(events.popleft())
-        if batch and isinstance(batch[-1], (FinishEvent, ErrorEvent)):
-            self.is_terminal_received = True
+            event = events.popleft()
+            batch.append(event)
+            if isinstance(event, (FinishEvent, ErrorEvent)):
+                self.is_terminal_received = True
+                events.clear()
+                break
         return batch
 
     def _wake(self) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..config import PAGE_TOKENS
 from ..engine.output import StopText
-from ..errors import AdmissionError, ExecutionError, FrontendError
+from ..errors import AdmissionError, Error, ExecutionError, FrontendError
 from ..request import (ErrorEvent, EventSink, FinishEvent, ModelCard, PreparedPrompt, SamplingParams, TokenEvent,
                        TokenLogprob, Usage)
 
@@ -221,6 +221,16 @@ class FakeEngine:
             stats["slots_free"] = self.max_active - len(self._active)
             stats["requests_pending"] = len(self._pending)
         return stats
+
+    def shed_queued(self, error: Error) -> None:
+        """End every request still waiting for a slot with ``error`` (shutdown)."""
+        with self._lock:
+            shed, self._pending = list(self._pending), deque()
+            for live in shed:
+                if not live.is_cancelled:
+                    live.is_cancelled = True
+                    self._count("requests_cancelled")
+                    live.sink(ErrorEvent(error))
 
     def close(self, timeout: float | None = None) -> None:
         with self._lock:
