@@ -86,7 +86,7 @@ cdef object _getitem(object obj, object key):
         except (TypeError, LookupError):
             pass
     if isinstance(key, str):
-        key = _plain(key)
+        key = str.__str__(key)
         if key.startswith("_"):
             if key.startswith("__"):
                 raise FrontendError(f"access to attribute {key!r} is unsafe")
@@ -110,8 +110,9 @@ cdef int _check_format(str fmt) except -1:
     return 0
 
 
-cdef object _format_string(str fmt, tuple args, dict kwargs):
+cdef object _format_string(_Render st, str fmt, tuple args, dict kwargs):
     _check_format(fmt)
+    _check_str_format(st, fmt, args, kwargs)
     return fmt.format(*args, **kwargs)
 
 
@@ -121,15 +122,20 @@ cdef object _call_method(_Render st, object obj, str name, tuple args, dict kwar
     if t is str:
         if name in _STR_METHODS:
             if name == "format":
-                return _guard_size(_format_string(obj, args, kwargs or {}))
+                return _guard_size(st, _format_string(st, obj, args, kwargs or {}))
+            args = _check_str_method(st, obj, name, args, kwargs)
             if kwargs:
-                return _guard_size(getattr(obj, name)(*args, **kwargs))
-            return _guard_size(getattr(obj, name)(*args))
+                return _guard_size(st, getattr(obj, name)(*args, **kwargs))
+            return _guard_size(st, getattr(obj, name)(*args))
     elif t is Markup:
         if name in _STR_METHODS or name in _MARKUP_METHODS:
             if name == "format":
                 _check_format(str.__str__(obj))
-            return _guard_size(getattr(obj, name)(*args, **(kwargs or {})))
+                _check_str_format(st, str.__str__(obj), args, kwargs)
+            else:
+                args = _check_str_method(st, obj, name, args, kwargs)
+                _check_text(st, args)  # arguments Markup escapes
+            return _guard_size(st, getattr(obj, name)(*args, **(kwargs or {})))
     elif t is dict:
         if name == "get":
             if kwargs:
@@ -183,6 +189,14 @@ cdef object _call(_Render st, object func, tuple args, dict kwargs):
     if t is Undefined:
         (<Undefined>func).fail()
     if func in _GLOBAL_FUNCS:
+        if func is _dict or func is _namespace or func is _dict_fromkeys:
+            # Each call may merge what it is given into a new mapping: bound the
+            # result (a loop of dict(d, k=v) would otherwise hoard strings).
+            if func is _dict_fromkeys and args:
+                _check_items(st, args[0])
+            r = func(*args, **kwargs) if kwargs else func(*args)
+            _check_collection(st, _deep_bytes(r, st.program.max_collection_bytes, 0))
+            return r
         if kwargs:
             return func(*args, **kwargs)
         return func(*args)
@@ -248,38 +262,45 @@ cdef object _call_macro(_Render st, Macro m, tuple args, dict kwargs):
 
 # ============================================================== operators
 
-cdef object _binary(int op, object a, object b):
-    cdef object r
+cdef object _binary(_Render st, int op, object a, object b):
+    """A binary operator; what it would build is checked against the limits first."""
+    cdef object ta = type(a), tb = type(b)
     if op == 0:
-        r = a + b
-        if type(r) is str or type(r) is list:
-            _guard_size(r)
-        return r
+        if isinstance(a, str) and isinstance(b, str):
+            # Markup escapes the other operand: at most 5 characters for one.
+            _check_concat(st, a, b, 5 if ta is Markup or tb is Markup else 1)
+        elif (ta is list and tb is list) or (ta is tuple and tb is tuple):
+            _check_collection(st, _deep_bytes(a, st.program.max_collection_bytes, 0)
+                              + _deep_bytes(b, st.program.max_collection_bytes, 0))
+        return a + b
     if op == 1:
         return a - b
     if op == 2:
-        if (type(a) is int and type(b) in (str, list, tuple)) or \
-                (type(b) is int and type(a) in (str, list, tuple)):
-            n = a if type(a) is int else b
-            s = b if type(a) is int else a
-            if n > 0 and len(s) * n > MAX_STRING:
-                raise FrontendError(f"template built a value longer than {MAX_STRING} items")
+        if ta is int and tb is int:
+            _check_int_product(st, a, b)
+        elif (ta is int or ta is bool) and (isinstance(b, str) or tb is list or tb is tuple):
+            _check_repeat(st, b, a)
+        elif (tb is int or tb is bool) and (isinstance(a, str) or ta is list or ta is tuple):
+            _check_repeat(st, a, b)
         return a * b
     if op == 3:
         return a / b
     if op == 4:
         return a // b
     if op == 5:
+        if isinstance(a, str):
+            _check_percent(st, a, b)
+            return _guard_size(st, a % b)
         return a % b
     if op == 6:
-        if type(a) is int and type(b) is int and b > 4096 and a not in (0, 1, -1):
-            raise FrontendError("exponent too large")
+        if (ta is int or ta is bool) and (tb is int or tb is bool):
+            _check_int_power(st, a, b)
         return a ** b
     # CONCAT
-    r = _plain(a) + _plain(b)
-    if PyUnicode_GET_LENGTH(r) > MAX_STRING:
-        raise FrontendError(f"template built a value longer than {MAX_STRING} items")
-    return r
+    a = _plain(st, a)
+    b = _plain(st, b)
+    _check_concat(st, a, b, 1)
+    return a + b
 
 
 cdef int _str_contains(str hay, str needle):

@@ -44,34 +44,95 @@ cdef object _escape(object v):
                   .replace("'", "&#39;").replace('"', "&#34;"))
 
 
-cdef object _indent(object s, tuple args, dict kwargs):
+cdef object _indent(_Render st, object s, tuple args, dict kwargs):
     cdef list a = _bind("indent", args, kwargs, ("width", "first", "blank"), (4, False, False))
     width, first, blank = a
+    if not isinstance(width, str):
+        _check_width(st, " ", width)
     indention = width if isinstance(width, str) else " " * width
+    if isinstance(s, str):
+        _check_concat(st, s, "\n", 1)
+        _check_collection(st, _count_splits(s, None, True) * ITEM_BYTES + _str_bytes(s))
     s = s + "\n"
+    lines = s.splitlines()
+    # Every line may get the indention (and its newline).
+    if isinstance(s, str) and isinstance(indention, str) and lines:
+        if PyUnicode_GET_LENGTH(indention) + 1 > st.program.max_string_bytes // len(lines):
+            _refuse_str(st, f"{PyUnicode_GET_LENGTH(indention) + 1} * {len(lines)}")
+        _check_str(st, (PyUnicode_GET_LENGTH(s) + len(lines) * (PyUnicode_GET_LENGTH(indention) + 1))
+                   * max(PyUnicode_KIND(s), PyUnicode_KIND(indention)))
     if blank:
-        rv = ("\n" + indention).join(s.splitlines())
+        rv = ("\n" + indention).join(lines)
     else:
-        lines = s.splitlines()
         rv = lines.pop(0)
         if lines:
             rv += "\n" + "\n".join([indention + line if line else line for line in lines])
     if first:
         rv = indention + rv
-    return _guard_size(rv)
+    return _guard_size(st, rv)
 
 
 def _striptags(str text):
     """jinja2's striptags: drop comments and tags, collapse whitespace, unescape."""
-    while (start := text.find("<!--")) != -1:
-        if (stop := text.find("-->", start)) == -1:
-            break
-        text = text[:start] + text[stop + 3:]
-    while (start := text.find("<")) != -1:
-        if (stop := text.find(">", start)) == -1:
-            break
-        text = text[:start] + text[stop + 1:]
+    text = _drop_spans(text, "<!--", "-->")
+    text = _drop_spans(text, "<", ">")
     return _html.unescape(" ".join(text.split()))
+
+
+cdef str _drop_spans(str text, str opening, str closing):
+    """What markupsafe's loop computes, in linear time instead of quadratic:
+
+        while (start := text.find(opening)) != -1:
+            if (stop := text.find(closing, start)) == -1:
+                break
+            text = text[:start] + text[stop + len(closing):]
+
+    The text is kept as ``pieces + tail + text[pos:]``. The kept part never holds
+    ``opening``, except where a removal joins its end to what follows: so only the
+    last ``len(opening) - 1`` kept characters (``tail``) are searched again.
+    """
+    cdef Py_ssize_t k = len(opening) - 1, pos = 0, j, start, stop, c
+    cdef list pieces = []
+    cdef str tail = ""
+    cdef str probe, head
+    while True:
+        probe = tail + text[pos:pos + k]
+        j = probe.find(opening) if k else -1
+        if 0 <= j < len(tail):
+            # An opening spans the kept tail and the text: its closing may too.
+            head = tail[j:]
+            c = (head + text[pos:pos + len(closing) - 1]).find(closing)
+            if c != -1:
+                stop = pos + c + len(closing) - len(head)
+            else:
+                c = text.find(closing, pos)
+                if c == -1:
+                    break
+                stop = c + len(closing)
+            tail = tail[:j]
+            pos = stop
+            while len(tail) < k and pieces:
+                tail = pieces.pop() + tail
+            if len(tail) > k:
+                pieces.append(tail[:len(tail) - k])
+                tail = tail[len(tail) - k:]
+            continue
+        start = text.find(opening, pos)
+        if start == -1:
+            break
+        c = text.find(closing, start)
+        if c == -1:
+            break
+        kept = tail + text[pos:start]
+        if len(kept) > k:
+            pieces.append(kept[:len(kept) - k])
+            tail = kept[len(kept) - k:] if k else ""
+        else:
+            tail = kept
+        pos = c + len(closing)
+    pieces.append(tail)
+    pieces.append(text[pos:])
+    return "".join(pieces)
 
 
 cdef str _url_quote(object obj, bint for_qs):
@@ -173,21 +234,46 @@ cdef object _sort(object value, tuple args, dict kwargs):
     return sorted(value, key=key, reverse=reverse)
 
 
+# Filters that list or order the items of their value (bounded by _check_items), and
+# those whose cost per character is high (regex, pure-Python helpers): their input is
+# bounded to 1/SLOW_TEXT_SHARE of max_string_bytes (128K characters by default), so
+# one call stays within a few tens of milliseconds.
+cdef unsigned long long _ITEM_FILTERS = (
+    (1ULL << F_BATCH) | (1ULL << F_DICTSORT) | (1ULL << F_GROUPBY) | (1ULL << F_ITEMS)
+    | (1ULL << F_JOIN) | (1ULL << F_LIST) | (1ULL << F_MAP) | (1ULL << F_MAX)
+    | (1ULL << F_MIN) | (1ULL << F_REJECT) | (1ULL << F_REJECTATTR) | (1ULL << F_SELECT)
+    | (1ULL << F_SELECTATTR) | (1ULL << F_SLICE) | (1ULL << F_SORT) | (1ULL << F_SUM)
+    | (1ULL << F_UNIQUE) | (1ULL << F_REVERSE))
+cdef unsigned long long _SLOW_FILTERS = (
+    (1ULL << F_TITLE) | (1ULL << F_WORDCOUNT) | (1ULL << F_WORDWRAP) | (1ULL << F_STRIPTAGS)
+    | (1ULL << F_URLENCODE) | (1ULL << F_PPRINT))
+cdef Py_ssize_t SLOW_TEXT_SHARE = 128
+
+
 cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
     cdef list a
+    cdef Py_ssize_t bound
+    if (_ITEM_FILTERS >> fid) & 1:
+        _check_items(st, v)
+    elif (_SLOW_FILTERS >> fid) & 1:
+        bound = _text_bound(v, st.program.max_string_bytes, 0)
+        if bound > st.program.max_string_bytes // SLOW_TEXT_SHARE:
+            raise TemplateLimitError(
+                f"filter {FILTER_NAMES[fid]!r} takes at most "
+                f"{st.program.max_string_bytes // SLOW_TEXT_SHARE} characters")
     if fid == F_LENGTH:
         return len(v)
     if fid == F_TRIM:
         if not args and not kwargs:
-            return _str(v).strip()
+            return _str(st, v).strip()
         a = _bind("trim", args, kwargs, ("chars",), (None,))
-        return _str(v).strip(a[0])
+        return _str(st, v).strip(a[0])
     if fid == F_TOJSON:
-        return _tojson(v, args, kwargs)
+        return _tojson(st, v, args, kwargs)
     if fid == F_STRING:
-        return _str(v)
+        return _str(st, v)
     if fid == F_SAFE:
-        return v if isinstance(v, Markup) else Markup(_str(v))
+        return v if isinstance(v, Markup) else Markup(_str(st, v))
     if fid == F_DEFAULT:
         a = _bind("default", args, kwargs, ("default_value", "boolean"), ("", False))
         if type(v) is Undefined or (a[1] and not v):
@@ -202,16 +288,20 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         return _generator(list(v.items()))
     if fid == F_JOIN:
         if not kwargs and len(args) <= 1 and (not args or type(args[0]) is str):
-            return _guard_size(_plain(args[0] if args else "").join([_plain(x) for x in v]))
-        a = _bind("join", args, kwargs, ("d", "attribute"), ("", None))
-        if a[1] is not None:
-            parts = _attr_parts(a[1])
-            v = [_attrget(parts, x, None, False) for x in v]
-        return _guard_size(_plain(a[0]).join([_plain(x) for x in v]))
+            sep = _plain(st, args[0] if args else "")
+        else:
+            a = _bind("join", args, kwargs, ("d", "attribute"), ("", None))
+            if a[1] is not None:
+                parts = _attr_parts(a[1])
+                v = [_attrget(parts, x, None, False) for x in v]
+            sep = _plain(st, a[0])
+        items = [_plain(st, x) for x in v]
+        _check_join(st, sep, items)
+        return sep.join(items)
     if fid == F_UPPER:
-        return _str(v).upper()
+        return _str(st, v).upper()
     if fid == F_LOWER:
-        return _str(v).lower()
+        return _str(st, v).lower()
     if fid == F_LIST:
         return list(v)
     if fid == F_FIRST:
@@ -226,13 +316,12 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         return _undef_hint("No last item, sequence was empty.")
     if fid == F_REPLACE:
         a = _bind("replace", args, kwargs, ("old", "new", "count"), (None, None, None))
-        s = _plain(v)
-        old = _plain(a[0])
-        new = _plain(a[1])
+        s = _plain(st, v)
+        old = _plain(st, a[0])
+        new = _plain(st, a[1])
         count = -1 if a[2] is None else a[2]
-        if len(new) > len(old) and old and s.count(old) * (len(new) - len(old)) > MAX_STRING:
-            raise FrontendError(f"template built a value longer than {MAX_STRING} items")
-        return _guard_size(s.replace(old, new, count))
+        _check_replace(st, s, old, new, count)
+        return _guard_size(st, s.replace(old, new, count))
     if fid == F_DICTSORT:
         a = _bind("dictsort", args, kwargs, ("case_sensitive", "by", "reverse"),
                   (False, "key", False))
@@ -258,12 +347,12 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
     if fid == F_MAP:
         return _generator(_map(st, v, args, kwargs))
     if fid == F_INDENT:
-        return _indent(v, args, kwargs)
+        return _indent(st, v, args, kwargs)
     if fid == F_TITLE:
         return "".join([item[0].upper() + item[1:].lower()
-                        for item in _word_beginning_split_re.split(_str(v)) if item])
+                        for item in _word_beginning_split_re.split(_str(st, v)) if item])
     if fid == F_CAPITALIZE:
-        return _str(v).capitalize()
+        return _str(st, v).capitalize()
     if fid == F_INT:
         a = _bind("int", args, kwargs, ("default", "base"), (0, 10))
         try:
@@ -285,6 +374,9 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         a = _bind("round", args, kwargs, ("precision", "method"), (0, "common"))
         if a[1] not in ("common", "ceil", "floor"):
             raise FrontendError("method must be common, ceil or floor")
+        if type(a[0]) is int and abs(a[0]) * 10 > st.program.max_int_bits * 3:
+            # 10 ** precision: digits * log2(10) bits
+            _refuse_int(st, abs(a[0]) * 10 // 3)
         if a[1] == "common":
             return round(v, a[0])
         func = math.ceil if a[1] == "ceil" else math.floor
@@ -297,7 +389,7 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             return _undef_attr(v, a[0])
         if a[0].startswith("__"):
             raise FrontendError(f"access to attribute {a[0]!r} is unsafe")
-        return _getattr(v, _plain(a[0]))
+        return _getattr(v, _plain(st, a[0]))
     if fid == F_UNIQUE:
         a = _bind("unique", args, kwargs, ("case_sensitive", "attribute"), (False, None))
         parts = _attr_parts(a[1])
@@ -329,10 +421,14 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         if a[0] is not None:
             parts = _attr_parts(a[0])
             v = [_attrget(parts, x, None, False) for x in v]
+        if type(a[1]) is list or type(a[1]) is tuple:
+            return _sum_sequences(st, a[1], list(v))
         return sum(v, a[1])
     if fid == F_BATCH:
         a = _bind("batch", args, kwargs, ("linecount", "fill_with"), (None, None))
         linecount = a[0]
+        if a[1] is not None and type(linecount) is int:
+            _check_collection(st, linecount * 8)  # the fill of the last batch
         out = []
         tmp = []
         for item in v:
@@ -346,14 +442,19 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
             out.append(tmp)
         return _generator(out)
     if fid == F_WORDCOUNT:
-        return len(_word_re.findall(_str(v)))
+        return len(_word_re.findall(_str(st, v)))
     if fid == F_CENTER:
         a = _bind("center", args, kwargs, ("width",), (80,))
-        return _guard_size(_str(v).center(a[0]))
+        v = _str(st, v)
+        _check_width(st, v, a[0])
+        return _guard_size(st, v.center(a[0]))
     if fid == F_ESCAPE:
-        return _escape(v)
+        if not isinstance(v, str):
+            _check_text(st, v)
+        return _guard_size(st, _escape(v))
     if fid == F_FORCEESCAPE:
-        return _escape(str(v))
+        _check_text(st, v)
+        return _guard_size(st, _escape(str(v)))
     if fid == F_GROUPBY:
         a = _bind("groupby", args, kwargs, ("attribute", "default", "case_sensitive"),
                   (MISSING, None, False))
@@ -373,6 +474,8 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
         if a[0] is MISSING:
             raise TypeError("slice() missing required argument 'slices'")
         seq = list(v)
+        if type(a[0]) is int:
+            _check_collection(st, a[0] * ITEM_BYTES)  # one list per slice
         per, extra = divmod(len(seq), a[0])
         out = []
         offset = 0
@@ -424,7 +527,7 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
                 return f"{base * size / unit:.1f} {prefix}"
         return f"{base * size / unit:.1f} {prefix}"
     if fid == F_PPRINT:
-        return _guard_size(_pprint.pformat(v))
+        return _guard_size(st, _pprint.pformat(v))
     if fid == F_URLENCODE:
         if isinstance(v, str) or not isinstance(v, _abc.Iterable):
             return _url_quote(v, False)
@@ -433,8 +536,32 @@ cdef object _filter(_Render st, int fid, object v, tuple args, dict kwargs):
     if fid == F_FORMAT:
         if args and kwargs:
             raise FrontendError("can't handle positional and keyword arguments at the same time")
-        return _guard_size(_str(v) % (kwargs or args))
+        v = _str(st, v)
+        _check_percent(st, v, kwargs or args)
+        return _guard_size(st, v % (kwargs or args))
     raise FrontendError(f"filter {FILTER_NAMES[fid]!r} is not implemented")
+
+
+cdef object _sum_sequences(_Render st, object start, list items):
+    """``sum(items, start)`` for a list or tuple ``start`` in linear time (Python's
+    sum concatenates pair by pair: quadratic). Same result and same TypeError."""
+    cdef Py_ssize_t n = 0, i
+    cdef object t = type(start)
+    cdef Py_ssize_t limit = st.program.max_collection_bytes
+    total = _deep_bytes(start, limit, 0)
+    for i in range(len(items)):
+        if type(items[i]) is not t:
+            break
+        total += _deep_bytes(items[i], limit, 0)
+        _check_collection(st, total)
+        n += 1
+    out = list(start)
+    for i in range(n):
+        out.extend(items[i])
+    result = out if t is list else tuple(out)
+    if n < len(items):
+        return sum(items[n:], result)  # the same error Python's sum raises
+    return result
 
 
 cdef bint _test(_Render st, int tid, object v, tuple args, dict kwargs) except -1:
@@ -480,9 +607,9 @@ cdef bint _test(_Render st, int tid, object v, tuple args, dict kwargs) except -
     if tid == T_CALLABLE:
         return t is Macro or t is BoundMethod or t is Joiner or v in _GLOBAL_FUNCS
     if tid == T_LOWER:
-        return _str(v).islower()
+        return _str(st, v).islower()
     if tid == T_UPPER:
-        return _str(v).isupper()
+        return _str(st, v).isupper()
     if tid == T_ESCAPED:
         return False
     if tid == T_FILTER:

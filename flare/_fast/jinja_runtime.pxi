@@ -459,24 +459,29 @@ cdef frozenset _GLOBAL_FUNCS = frozenset(list(GLOBALS.values()) + [_dict_fromkey
 
 # ============================================================== helpers
 
-cdef inline object _str(object v):
+cdef inline object _str(_Render st, object v):
     """jinja2's soft_str: strings (Markup included) as they are, anything else str();
-    undefined is ''."""
+    undefined is ''. Containers print through our bounded writer; other values
+    Python converts only once their text is known to fit the limit."""
+    cdef object t
     if isinstance(v, str):
         return v
-    if type(v) is list or type(v) is dict or type(v) is tuple:
-        return _container_repr(v)
+    t = type(v)
+    if t is list or t is dict or t is tuple:
+        return _container_repr(v, st.program.max_string_bytes // 2)
+    if t is not int and t is not float and t is not bool and v is not None:
+        _check_text(st, v)
     return str(v)
 
 
-cdef inline object _plain(object v):
+cdef inline object _plain(_Render st, object v):
     """str(v) as an exact str (Markup loses its mark), as jinja2's `~` and the
     non-autoescape join/replace filters convert."""
     if type(v) is str:
         return v
     if isinstance(v, str):
         return str.__str__(v)
-    return _str(v)
+    return _str(st, v)
 
 
 cdef Py_ssize_t _utf8_len(object s):
@@ -502,9 +507,13 @@ cdef Py_ssize_t _utf8_len(object s):
     return total
 
 
-cdef object _guard_size(object v):
-    if (type(v) is str or type(v) is list or type(v) is tuple) and len(v) > MAX_STRING:
-        raise FrontendError(f"template built a value longer than {MAX_STRING} items")
+cdef object _guard_size(_Render st, object v):
+    """The after-the-fact check, for results whose size no guard could predict
+    exactly (each such operation is bounded by a guard before it too)."""
+    if isinstance(v, str):
+        _check_str(st, _str_bytes(v))
+    elif type(v) is list or type(v) is tuple:
+        _check_collection(st, len(v) * 8)
     return v
 
 

@@ -20,6 +20,7 @@ cdef class _TextWriter:
     cdef Py_UCS4* buf
     cdef Py_ssize_t n
     cdef Py_ssize_t cap
+    cdef Py_ssize_t limit   # characters the text may reach (set by whoever creates it)
 
     def __dealloc__(self):
         free(self.buf)
@@ -29,9 +30,11 @@ cdef class _TextWriter:
         cdef Py_UCS4* grown
         if self.n + extra <= self.cap:
             return 0
-        cap = max(self.cap * 2, self.n + extra, 256)
-        if cap > MAX_STRING + 64:
-            raise FrontendError(f"template built a value longer than {MAX_STRING} items")
+        if self.n + extra > self.limit:
+            raise TemplateLimitError(
+                f"template would build a text of more than {self.limit} characters "
+                f"({4 * self.limit} bytes of buffer)")
+        cap = min(max(self.cap * 2, self.n + extra, 256), self.limit)
         grown = <Py_UCS4*>realloc(self.buf, cap * sizeof(Py_UCS4))
         if grown == NULL:
             raise MemoryError()
@@ -262,9 +265,10 @@ cdef str _json_float(object o):
     return float.__repr__(o)
 
 
-cdef object _tojson(object v, tuple args, dict kwargs):
+cdef object _tojson(_Render st, object v, tuple args, dict kwargs):
     cdef list a
     cdef _JsonEncoder enc = _JsonEncoder.__new__(_JsonEncoder)
+    enc.limit = st.program.max_string_bytes // 2
     if args or kwargs:
         a = _bind("tojson", args, kwargs,
                   ("ensure_ascii", "indent", "separators", "sort_keys"),
@@ -273,6 +277,7 @@ cdef object _tojson(object v, tuple args, dict kwargs):
         a = [False, None, None, False]
     indent = a[1]
     if indent is not None and not isinstance(indent, str):
+        _check_width(st, " ", indent)
         indent = " " * indent
     enc.ensure_ascii = bool(a[0])
     enc.indent = indent
@@ -357,6 +362,10 @@ cdef class _ReprWriter(_TextWriter):
         if t is str:
             self.string(v)
         elif depth > 64 or (t is not list and t is not dict and t is not tuple):
+            if t is not int and t is not float and t is not bool and v is not None and \
+                    _text_bound(v, self.limit, 1) > self.limit:
+                raise TemplateLimitError(
+                    f"template would build a text of more than {self.limit} characters")
             self.text(repr(v))
         elif t is dict:
             self.put(123)
@@ -381,7 +390,9 @@ cdef class _ReprWriter(_TextWriter):
         return 0
 
 
-cdef object _container_repr(object v):
+cdef object _container_repr(object v, Py_ssize_t limit):
+    """Python's repr of list/dict/tuple ``v``, refused past ``limit`` characters."""
     cdef _ReprWriter w = _ReprWriter.__new__(_ReprWriter)
+    w.limit = limit
     w.value(v, 0)
     return w.result()

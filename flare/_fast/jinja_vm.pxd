@@ -5,6 +5,12 @@
 # thread that renders it.
 # _Render: the state of one render: slots (variables), output buffers, marks, fuel
 # and recursion depth. Never shared.
+# RenderBudget: the wall-clock deadline every render of one request shares.
+
+cdef class RenderBudget:
+    cdef readonly double seconds
+    cdef readonly double deadline  # CLOCK_MONOTONIC seconds, as time.monotonic() reads
+
 
 cdef class Program:
     cdef int* code
@@ -15,6 +21,11 @@ cdef class Program:
     cdef readonly object mark_kind
     cdef readonly long fuel
     cdef readonly int max_depth
+    cdef readonly Py_ssize_t max_int_bits          # bits of an int arithmetic may build
+    cdef readonly Py_ssize_t max_string_bytes      # bytes of one str an operation may build
+    cdef readonly Py_ssize_t max_collection_bytes  # estimated bytes of one list/tuple/dict
+    cdef readonly Py_ssize_t max_output_bytes      # bytes of output per render
+    cdef readonly double time_limit_s              # seconds, when render() gets no budget
     cdef int* spec_id        # per const: filter/test id, or -1
     cdef int* spec_nargs     # per const: positional argument count
     cdef int* attr_kind      # per const: 1 when the name is a dict method
@@ -32,3 +43,6 @@ cdef class _Render:
     cdef Py_ssize_t counted_pieces
     cdef Py_ssize_t counted_bytes
     cdef Py_ssize_t out_chars
+    cdef int out_kind             # widest PyUnicode kind emitted (output bytes per char)
+    cdef long check_at            # fuel level at which the next checkpoint runs
+    cdef RenderBudget budget      # the request's deadline

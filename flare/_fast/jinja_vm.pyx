@@ -10,12 +10,15 @@ produces under Transformers' ``apply_chat_template`` configuration.
 Sandboxing: attribute access is resolved here against fixed tables (no ``getattr`` on
 arbitrary objects, no dunder or underscore attributes, no mutating list/dict methods),
 only whitelisted callables can be called, and each render has an instruction budget
-(fuel), a macro recursion bound, and size caps on strings it builds.
+(fuel), a macro recursion bound, a wall-clock deadline shared by all renders of one
+request (checked, with the GIL released for a moment, every few thousand units of
+fuel), and size limits on the ints, strings, collections and output it builds,
+checked before building them (jinja_limits.pxi).
 
 The module is one compiled unit split by concern: this file (opcodes, Program, the
 dispatch loop), jinja_runtime.pxi (value types, globals), jinja_access.pxi (sandboxed
 access, calls, operators), jinja_filters.pxi (filters, tests) and jinja_text.pxi
-(the tojson encoder and container repr).
+(the tojson encoder and container repr), jinja_limits.pxi (budgets and size guards).
 """
 
 from cpython.dict cimport PyDict_GetItem, PyDict_Items, PyDict_Next
@@ -49,6 +52,7 @@ cdef extern from "Python.h":
     Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t index)
     object PyUnicode_FromKindAndData(int kind, const void* buffer, Py_ssize_t size)
     bint Py_UNICODE_ISPRINTABLE(Py_UCS4 ch)
+    bint Py_UNICODE_ISSPACE(Py_UCS4 ch)
 
 
 # Opcode numbers: must equal flare.frontend.template.opcodes.Op (a test checks).
@@ -183,12 +187,16 @@ cdef enum Tst:
     T_NE, T_LT, T_LE, T_GT, T_GE, T_IN, T_ODD, T_EVEN, T_DIVISIBLEBY, T_LOWER, T_UPPER
     T_ESCAPED, T_FILTER, T_TEST
 
-# Sandbox limits.
-DEFAULT_FUEL = 20_000_000      # instructions per render
-DEFAULT_MAX_DEPTH = 200        # nested macro calls
-MAX_RANGE = 100_000            # jinja2's sandbox limit for range()
-cdef Py_ssize_t MAX_STRING = 64 * 1024 * 1024   # characters in one built string
-cdef Py_ssize_t MAX_OUTPUT = 256 * 1024 * 1024  # characters of output per render
+# Sandbox limits (defaults; each Program takes its own, see compile_template).
+# Real chat templates stay far below them: a prompt for a 1M-token context is a few MB.
+DEFAULT_FUEL = 20_000_000                  # instructions per render
+DEFAULT_MAX_DEPTH = 200                    # nested macro calls
+DEFAULT_MAX_INT_BITS = 4096                # bits of an int that arithmetic builds
+DEFAULT_MAX_STRING_BYTES = 16 * 1024 * 1024      # bytes of one str an operation builds
+DEFAULT_MAX_COLLECTION_BYTES = 16 * 1024 * 1024  # estimated bytes of one list/tuple/dict
+DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024      # bytes of output per render
+DEFAULT_TIME_LIMIT_S = 2.0                 # seconds for all renders of one request
+MAX_RANGE = 100_000                        # jinja2's sandbox limit for range()
 
 cdef object MISSING = object()   # an unset slot
 
@@ -226,6 +234,7 @@ include "jinja_runtime.pxi"
 include "jinja_access.pxi"
 include "jinja_filters.pxi"
 include "jinja_text.pxi"
+include "jinja_limits.pxi"
 
 
 # ============================================================== the program
@@ -240,10 +249,18 @@ cdef class Program:
         self.attr_kind = NULL
 
     def __init__(self, tuple code, tuple consts, tuple slot_names, tuple root_slots,
-                 mark_kind=None, long fuel=DEFAULT_FUEL, int max_depth=DEFAULT_MAX_DEPTH):
+                 mark_kind=None, long fuel=DEFAULT_FUEL, int max_depth=DEFAULT_MAX_DEPTH,
+                 Py_ssize_t max_int_bits=DEFAULT_MAX_INT_BITS,
+                 Py_ssize_t max_string_bytes=DEFAULT_MAX_STRING_BYTES,
+                 Py_ssize_t max_collection_bytes=DEFAULT_MAX_COLLECTION_BYTES,
+                 Py_ssize_t max_output_bytes=DEFAULT_MAX_OUTPUT_BYTES,
+                 double time_limit_s=DEFAULT_TIME_LIMIT_S):
         cdef Py_ssize_t i, n = len(code), nc = len(consts)
         if n % 2:
             raise ValueError("code must hold (op, arg) pairs")
+        if min(fuel, max_depth, max_int_bits, max_string_bytes, max_collection_bytes,
+               max_output_bytes) <= 0 or not time_limit_s > 0:
+            raise ValueError("template limits must be positive")
         self.code = <int*>malloc(max(n, 1) * sizeof(int))
         self.spec_id = <int*>malloc(max(nc, 1) * sizeof(int))
         self.spec_nargs = <int*>malloc(max(nc, 1) * sizeof(int))
@@ -262,6 +279,11 @@ cdef class Program:
         self.mark_kind = mark_kind
         self.fuel = fuel
         self.max_depth = max_depth
+        self.max_int_bits = max_int_bits
+        self.max_string_bytes = max_string_bytes
+        self.max_collection_bytes = max_collection_bytes
+        self.max_output_bytes = max_output_bytes
+        self.time_limit_s = time_limit_s
         kws = []
         names = []
         for i in range(nc):
@@ -294,8 +316,12 @@ cdef class Program:
         free(self.spec_nargs)
         free(self.attr_kind)
 
-    def render(self, dict context, bint marked=False):
-        """Render with ``context``; returns the text, or (text, marks) when ``marked``."""
+    def render(self, dict context, bint marked=False, RenderBudget budget=None):
+        """Render with ``context``; returns the text, or (text, marks) when ``marked``.
+
+        ``budget`` is the deadline of the request this render belongs to (shared with
+        its other renders); without one the render gets ``time_limit_s`` of its own.
+        """
         cdef _Render st = _Render.__new__(_Render)
         cdef list slots = [MISSING] * len(self.slot_names)
         cdef PyObject* p
@@ -308,6 +334,8 @@ cdef class Program:
         st.counted_pieces = 0
         st.counted_bytes = 0
         st.out_chars = 0
+        st.out_kind = 1
+        st.budget = budget if budget is not None else RenderBudget(self.time_limit_s)
         for slot, name in self.root_slots:
             p = PyDict_GetItem(context, name)
             if p == NULL:
@@ -315,6 +343,7 @@ cdef class Program:
             if p != NULL:
                 slots[slot] = <object>p
         try:
+            _checkpoint(st, st.fuel)  # a request whose budget is spent renders nothing
             _run(st, 0)
         except FrontendError:
             raise
@@ -340,9 +369,10 @@ cdef class _Render:
 
 cdef inline Py_ssize_t _work(object v):
     """Extra fuel for values whose size measures the work done on them (filters,
-    method calls and `in` over long strings or lists): one unit per 64 characters
-    (copying text is cheap) or per item (each item is an object), so loops over big
-    inputs exhaust the budget instead of hanging."""
+    method calls, comparisons, `in` and the strings `+`, `~` and slicing build): one
+    unit per 64 characters (copying text is cheap) or per item (each item is an
+    object), so loops over big inputs exhaust the budget instead of hanging, and
+    checkpoints come at least every few hundred microseconds."""
     if type(v) is str:
         return PyUnicode_GET_LENGTH(v) >> 6
     if type(v) is list:
@@ -355,6 +385,19 @@ cdef inline Py_ssize_t _work(object v):
 cdef Py_ssize_t _push_grow(list stack, Py_ssize_t sp, object v) except -1:
     stack.append(v)
     return sp + 1
+
+
+cdef inline int _count_output(_Render st, object v) except -1:
+    """Charge emitted text ``v`` to the render's output limit (in bytes of the
+    widest character emitted, as the final join stores them)."""
+    cdef int kind = PyUnicode_KIND(v)
+    st.out_chars += PyUnicode_GET_LENGTH(v)
+    if kind > st.out_kind:
+        st.out_kind = kind
+    if st.out_chars * st.out_kind > st.program.max_output_bytes:
+        raise TemplateLimitError(
+            f"template output exceeded {st.program.max_output_bytes} bytes")
+    return 0
 
 
 cdef inline Py_ssize_t _push(list stack, Py_ssize_t sp, object v) except -1:
@@ -377,6 +420,7 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
     cdef list loops = []
     cdef list out = st.buffers[len(st.buffers) - 1]
     cdef long fuel = st.fuel
+    cdef long check_at = st.check_at
     cdef int op, arg, nargs, i, n
     cdef object a, b, v
     cdef tuple args, kwnames, pairs
@@ -394,16 +438,14 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
         arg = code[2 * pc + 1]
         pc += 1
         fuel -= 1
-        if fuel < 0:
+        if fuel < check_at:
             st.fuel = fuel
-            raise FrontendError("template exceeded its execution budget "
-                                f"({p.fuel} instructions)")
+            _checkpoint(st, fuel)
+            check_at = st.check_at
         if op == EMIT_CONST:
             v = consts[arg]
             out.append(v)
-            st.out_chars += PyUnicode_GET_LENGTH(v)
-            if st.out_chars > MAX_OUTPUT:
-                raise FrontendError(f"template output exceeded {MAX_OUTPUT} characters")
+            _count_output(st, v)
         elif op == LOAD:
             v = slots[arg]
             if v is MISSING:
@@ -427,11 +469,9 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             if type(v) is not str:
                 if type(v) is Undefined:
                     continue
-                v = _str(v)
+                v = _str(st, v)
             out.append(v)
-            st.out_chars += PyUnicode_GET_LENGTH(v)
-            if st.out_chars > MAX_OUTPUT:
-                raise FrontendError(f"template output exceeded {MAX_OUTPUT} characters")
+            _count_output(st, v)
         elif op == LOAD_CONST:
             sp = _push(stack, sp, consts[arg])
         elif op == STORE:
@@ -442,8 +482,8 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             b = stack[sp]
             sp -= 1
             a = stack[sp]
-            if arg >= 6:
-                fuel -= _work(b)  # `in` scans the container
+            # `in` scans the container; ==, < compare item by item
+            fuel -= _work(b) if arg >= 6 else _work(a)
             sp = _push(stack, sp, _compare(arg, a, b))
         elif op == JUMP_IF_FALSE:
             sp -= 1
@@ -476,7 +516,9 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             elif type(v) is Undefined:
                 lc.seq = ()
             else:
+                _check_items(st, v)
                 lc.seq = list(v)
+                fuel -= _work(lc.seq)
             lc.index0 = -1
             lc.length = len(lc.seq)
             lc.has_else = arg & 1
@@ -578,7 +620,9 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             b = stack[sp]
             sp -= 1
             a = stack[sp]
-            sp = _push(stack, sp, _binary(arg, a, b))
+            v = _binary(st, arg, a, b)
+            fuel -= _work(v)
+            sp = _push(stack, sp, v)
         elif op == SLICE:
             sp -= 1
             v = stack[sp]
@@ -591,7 +635,9 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             if type(obj) is Undefined:
                 (<Undefined>obj).fail()
             try:
-                sp = _push(stack, sp, obj[a:b:v])
+                v = obj[a:b:v]
+                fuel -= _work(v)
+                sp = _push(stack, sp, v)
             except TypeError:
                 sp = _push(stack, sp, _undef_attr(obj, slice(a, b, v)))
         elif op == NEG:
@@ -617,6 +663,9 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             sp -= 1
             v = stack[sp]
             if type(v) is not tuple and type(v) is not list:
+                if isinstance(v, str) and PyUnicode_GET_LENGTH(v) > arg:
+                    v = v[:arg + 1]  # too many values either way; no tuple of every char
+                _check_items(st, v)
                 v = tuple(v)
             k = len(v)
             if k > arg:
@@ -634,7 +683,7 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
             st.buffers.append(out)
         elif op == CAPTURE_END:
             st.buffers.pop()
-            v = "".join(out)
+            v = "".join(out)  # its pieces were charged to the output limit
             out = st.buffers[len(st.buffers) - 1]
             sp = _push(stack, sp, v)
         elif op == SET_ATTR:
@@ -695,37 +744,39 @@ cdef int _run(_Render st, Py_ssize_t pc) except -1:
                     chain = 2
                 else:
                     sp -= 1
-                    stack[sp - 1] = _binary(0, a, v)
+                    stack[sp - 1] = _binary(st, 0, a, v)
                     chain = -1
             elif chain > 0:
                 if type(v) is str:
                     chain += 1
                 else:
-                    a = "".join(stack[sp - 1 - chain:sp - 1])
+                    a = stack[sp - 1 - chain:sp - 1]
+                    _check_join(st, "", a)
+                    a = "".join(a)
                     sp -= chain
-                    stack[sp - 1] = _binary(0, a, v)
+                    stack[sp - 1] = _binary(st, 0, a, v)
+                    fuel -= _work(stack[sp - 1])
                     chain = -1
             else:
                 a = stack[sp - 2]
                 sp -= 1
-                stack[sp - 1] = _binary(0, a, v)
+                stack[sp - 1] = _binary(st, 0, a, v)
+                fuel -= _work(stack[sp - 1])
         elif op == EMIT_CHAIN:
             if chain > 0:
                 for k in range(sp - chain, sp):
                     v = stack[k]
                     out.append(v)
-                    st.out_chars += PyUnicode_GET_LENGTH(v)
+                    _count_output(st, v)
                 sp -= chain
             else:
                 sp -= 1
                 v = stack[sp]
                 if type(v) is not str:
-                    v = "" if type(v) is Undefined else _str(v)
+                    v = "" if type(v) is Undefined else _str(st, v)
                 out.append(v)
-                st.out_chars += PyUnicode_GET_LENGTH(v)
+                _count_output(st, v)
             chain = 0
-            if st.out_chars > MAX_OUTPUT:
-                raise FrontendError(f"template output exceeded {MAX_OUTPUT} characters")
         elif op == RAISE:
             raise FrontendError(consts[arg])
         elif op == NOP:

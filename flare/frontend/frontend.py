@@ -14,6 +14,11 @@ and no token straddles it; endpoints are sorted, unique and strictly inside
 the prompt. Which endpoint path a template uses (bundled annotation, marks of
 its own, or differential rendering) is decided at load and reported as
 ``Frontend.endpoint_path``.
+
+All renders done for one request (the prompt and, on the differential path, up
+to 65 prefix renders) share one ``RenderBudget``: ``TemplateLimits.time_limit_s``
+of wall clock in all, so a slow template fails the request instead of holding a
+frontend thread for the sum of its renders.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from ..errors import FrontendError
 from ..request import PreparedPrompt
 from .annotations import (PATH_DIFFERENTIAL, AnnotatedTemplate, annotate_template, differential_endpoints,
                           sha256_hex)
-from .template import CompiledTemplate, compile_template
+from .template import CompiledTemplate, RenderBudget, TemplateBudgetError, TemplateLimits, compile_template
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 # Transformers copies reasoning under all three names (chat_template_utils._alias_reasoning_fields).
@@ -105,8 +110,10 @@ class Frontend:
     """Tokenizer + chat template for one prepared core. Thread-safe: renders share nothing mutable."""
 
     def __init__(self, tokenizer: Tokenizer, template: AnnotatedTemplate | None, compiled: CompiledTemplate | None,
-                 settings: TokenSettings, defaults: Mapping[str, Any], fingerprints: AssetFingerprints):
+                 settings: TokenSettings, defaults: Mapping[str, Any], fingerprints: AssetFingerprints,
+                 limits: TemplateLimits | None = None):
         self.tokenizer = tokenizer
+        self.limits = limits or TemplateLimits()  # what templates loaded over this tokenizer get
         self.template = template
         self._compiled = compiled  # annotated when the template has marks, else the source as it is
         self.settings = settings
@@ -117,26 +124,29 @@ class Frontend:
 
     @classmethod
     def load(cls, tokenizer_json: bytes, chat_template: bytes | None, expected: AssetFingerprints,
-             settings: TokenSettings, defaults: Mapping[str, Any] | None = None) -> "Frontend":
+             settings: TokenSettings, defaults: Mapping[str, Any] | None = None,
+             limits: TemplateLimits | None = None) -> "Frontend":
         """Verify each asset's SHA-256, then parse it from the same bytes.
 
         ``defaults`` are the template options a request may override
-        (add_generation_prompt, enable_thinking, other chat_template_kwargs).
+        (add_generation_prompt, enable_thinking, other chat_template_kwargs);
+        ``limits`` bound the template's renders (default ``TemplateLimits()``).
         """
         _verify("tokenizer.json", tokenizer_json, expected.tokenizer_json)
         tokenizer = Tokenizer(bytes(tokenizer_json))
+        limits = limits or TemplateLimits()
         template = compiled = None
         if chat_template is not None:
-            template, compiled = _load_template(chat_template, expected.chat_template)
-        return cls(tokenizer, template, compiled, settings, defaults or {}, expected)
+            template, compiled = _load_template(chat_template, expected.chat_template, limits)
+        return cls(tokenizer, template, compiled, settings, defaults or {}, expected, limits)
 
     def with_chat_template(self, chat_template: bytes, expected_sha256: str,
                            defaults: Mapping[str, Any] | None = None) -> "Frontend":
         """Another template over the same tokenizer and settings (e.g. a named tool-use template)."""
-        template, compiled = _load_template(chat_template, expected_sha256)
+        template, compiled = _load_template(chat_template, expected_sha256, self.limits)
         fingerprints = AssetFingerprints(self.fingerprints.tokenizer_json, expected_sha256)
         return Frontend(self.tokenizer, template, compiled, self.settings,
-                        self.defaults if defaults is None else defaults, fingerprints)
+                        self.defaults if defaults is None else defaults, fingerprints, self.limits)
 
     @property
     def endpoint_path(self) -> str | None:
@@ -162,17 +172,18 @@ class Frontend:
         continue_text = None
         if continue_final:
             continue_text = _tag_final_message(chat, continue_final, self.template.source)
+        budget = self._compiled.budget()  # one deadline for every render of this request
         if self.template.has_marks:
-            text, marks = self._compiled.render_marked(context)
+            text, marks = self._compiled.render_marked(context, budget)
             cuts = list(marks)
         else:
-            text = self._compiled.render(context)
+            text = self._compiled.render(context, budget)
             cuts = None
         if continue_text is not None:
             text = _cut_at_tag(text, continue_text)
         prompt = text.encode("utf-8")
         if cuts is None:
-            cuts = self._differential(context, len(chat), prompt, continue_text is not None)
+            cuts = self._differential(context, len(chat), prompt, continue_text is not None, budget)
             # Any shorter prefix of a preserved prefix is preserved too: round down to a token boundary.
             return self._tokenize(text, prompt, cuts, round_down=True)
         return self._tokenize(text, prompt, cuts)
@@ -181,16 +192,19 @@ class Frontend:
                      options: Mapping[str, Any] | None = None) -> PreparedPrompt:
         return self.render_chat(messages, tools, options).to_prepared()
 
-    def _differential(self, context: dict, num_messages: int, prompt: bytes, continued: bool) -> list[int]:
+    def _differential(self, context: dict, num_messages: int, prompt: bytes, continued: bool,
+                      budget: RenderBudget) -> list[int]:
         # With continuation the final message is open: its end is not a message end.
         num_complete = num_messages - 1 if continued else num_messages
 
         def render_prefix(k: int) -> str | None:
             try:
                 return self._compiled.render({**context, "messages": context["messages"][:k],
-                                              "add_generation_prompt": False})
+                                              "add_generation_prompt": False}, budget)
+            except TemplateBudgetError:
+                raise  # the request's budget is spent: no later render can succeed
             except FrontendError:
-                return None
+                return None  # the template rejects this prefix
 
         return differential_endpoints(render_prefix, num_complete, prompt)
 
@@ -233,12 +247,13 @@ class Frontend:
         return token_id
 
 
-def _load_template(chat_template: bytes, expected: str | None) -> tuple[AnnotatedTemplate, CompiledTemplate]:
+def _load_template(chat_template: bytes, expected: str | None,
+                   limits: TemplateLimits) -> tuple[AnnotatedTemplate, CompiledTemplate]:
     if expected is None:
         raise FrontendError("chat template supplied without an expected SHA-256")
     _verify("chat template", chat_template, expected)
     template = annotate_template(bytes(chat_template))
-    compiled = compile_template(template.text)
+    compiled = compile_template(template.text, limits)
     if compiled.mark_kind == "segment":
         raise FrontendError("chat template uses segment-count marks ({% mark expr %}), which need a segmented "
                             "renderer; annotate it with byte marks ({% mark %}) instead")

@@ -164,7 +164,8 @@ def differential_endpoints(render_prefix: Callable[[int], str | None], num_messa
     """Byte offsets up to which each prefix render survives in every later render.
 
     ``render_prefix(k)`` renders the first ``k`` messages without a generation
-    prompt (``None`` when the template rejects that prefix). For render ``k``
+    prompt (``None`` when the template rejects that prefix; errors that fail the
+    request, such as its render budget running out, propagate). For render ``k``
     the kept offset is the longest part of it that every later render and
     ``final`` (the actual prompt) start with: usually all of it, the end of a
     complete message; less when a template closes a conversation differently
