@@ -166,7 +166,7 @@ class Application:
         self.state = state
         self.router = router
         key = state.config.api_key
-        self._expected_auth = b"Bearer " + key.encode("utf-8") if key else None
+        self._api_key = key.encode("utf-8") if key else None
 
     def on_request_head(self, request: HttpRequest) -> Response | None:
         route, tail, methods = self.router.resolve(request.method, request.path)
@@ -180,7 +180,7 @@ class Application:
             return self._count(response)
         request.route = route
         request.params = {"tail": tail} if tail is not None else None
-        if route.needs_auth and self._expected_auth is not None and not self._is_authorized(request):
+        if route.needs_auth and self._api_key is not None and not self._is_authorized(request):
             return self._count(error_response(401, "missing or invalid bearer token (Authorization: Bearer KEY)",
                                               code="invalid_api_key",
                                               headers=((b"www-authenticate", b"Bearer"),)))
@@ -201,8 +201,13 @@ class Application:
         return None
 
     def _is_authorized(self, request: HttpRequest) -> bool:
-        given = request.header(b"authorization") or b""
-        return hmac.compare_digest(given, self._expected_auth)
+        # RFC 9110 section 11.4: credentials = auth-scheme 1*SP token68, the scheme
+        # case-insensitive. Two Authorization fields are ambiguous: refused.
+        fields = [value for name, value in request.headers if name == b"authorization"]
+        if len(fields) != 1:
+            return False
+        scheme, _, token = fields[0].partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self._api_key)
 
     def handle(self, request: HttpRequest, conn: HttpConnection) -> "Response | Awaitable[Response | None]":
         try:
