@@ -39,7 +39,8 @@ ERROR_TYPES = {
     429: "rate_limit_error", 431: "invalid_request_error", 500: "server_error", 503: "service_unavailable_error",
 }
 # Error codes whose message gets the configured capacity_hint / context_hint.
-CAPACITY_CODES = frozenset({"http_capacity_exhausted", "model_capacity_exhausted", "worker_unavailable"})
+CAPACITY_CODES = frozenset({"http_capacity_exhausted", "model_capacity_exhausted", "worker_unavailable",
+                            "shutting_down", "admission_paused"})
 CONTEXT_CODES = frozenset({"context_length_exceeded"})
 BODY_BYTES_PER_TOKEN = 32  # a context token's worth of request JSON (ServerConfig.max_body_bytes)
 
@@ -83,8 +84,7 @@ class ServerState:
                                      keepalive_timeout_s=config.keepalive_timeout_s)
         self.listen_started: float | None = None  # monotonic
         self.is_draining = False  # shutting down: no new generation requests
-        self.tickets: set[Any] = set()  # live RequestTickets, cancelled when the grace period ends
-        self.streams: set[Any] = set()  # live EventStreams, abandoned with them
+        self.generations: set[Any] = set()  # ActiveGenerations, ended with an error event if the grace runs out
         self._dispatcher: EventDispatcher | None = None
 
     @property

@@ -106,7 +106,7 @@ def test_disconnect_non_streaming_also_cancels(launcher, fake_only):
     host, port = served.host_port
     sock = socket.create_connection((host, port))
     data = json.dumps({**CHAT, "max_tokens": 500, "ignore_eos": True}).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
     _wait_for(lambda: metric(served, "flare_slots_live") == 1)
     sock.close()
     _wait_for(lambda: metric(served, "flare_requests_cancelled_total") == 1)
@@ -164,7 +164,7 @@ def test_paused_reader_keeps_its_response(launcher, fake_only):
     # ~40 MB of events: more than the kernel's socket buffers hold.
     body = json.dumps({**CHAT, "max_tokens": 20000, "ignore_eos": True, "stream": True, "logprobs": True,
                        "top_logprobs": 20}).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     # Generation finishes while almost nothing has been read: the slot is free, the permit is held.
     _wait_for(lambda: metric(served, "flare_requests_completed_total") == 1, timeout=30)
     assert metric(served, "flare_slots_live") == 0 and metric(served, "flare_http_admitted") == 1
