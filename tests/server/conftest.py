@@ -28,9 +28,12 @@ def server(engine_kind) -> Served:
 
 
 @pytest.fixture
-def fake_only(engine_kind) -> None:
+def fake_only(request, engine_kind) -> None:
+    """Skip on real engines; each test names why in ``@pytest.mark.fake_only("reason")``."""
+    marker = request.node.get_closest_marker("fake_only")
+    assert marker and marker.args, "a fake_only test says why it cannot run on a real engine"
     if engine_kind != "fake":
-        pytest.skip("needs the fake engine's fault injection or exact output")
+        pytest.skip(f"fake engine only: {marker.args[0]}")
 
 
 @pytest.fixture

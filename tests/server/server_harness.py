@@ -105,7 +105,8 @@ def _drain_stderr(proc: subprocess.Popen, lines: list[str]) -> None:
 def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, max_active: int = 0,
            served_names: tuple[str, ...] = (), tokens_per_s: float = 400.0, model_queue: int = 64,
            subprocess_mode: bool = False, context_hint: str = "", capacity_hint: str = "",
-           max_body_bytes: int = 0, shutdown_grace_s: float | None = None, context_len: int = 4096) -> Served:
+           max_body_bytes: int = 0, shutdown_grace_s: float | None = None, context_len: int = 4096,
+           request_timeout_s: float | None = None) -> Served:
     """Start a server of ``kind`` with these settings."""
     flags: list[str] = ["--host", "127.0.0.1", "--port", "0"]
     if api_key:
@@ -124,6 +125,8 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
         flags += ["--max-body-bytes", str(max_body_bytes)]
     if shutdown_grace_s is not None:
         flags += ["--shutdown-grace", str(shutdown_grace_s)]
+    if request_timeout_s is not None:
+        flags += ["--request-timeout", str(request_timeout_s)]
     if kind == "demo":
         return start_subprocess([*FLARE_SERVE, *flags], kind=kind, api_key=api_key)
     if kind == "core":
@@ -138,6 +141,7 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
     config = ServerConfig(host="127.0.0.1", port=0, api_key=api_key, queue_capacity=queue_capacity,
                           served_names=served_names, context_hint=context_hint, capacity_hint=capacity_hint,
                           max_body_bytes=max_body_bytes,
+                          request_timeout_s=request_timeout_s or ServerConfig.request_timeout_s,
                           shutdown_grace_s=ServerConfig.shutdown_grace_s if shutdown_grace_s is None
                           else shutdown_grace_s,
                           engine=EngineConfig(max_active=max_active))

@@ -8,6 +8,7 @@ import socket
 import time
 
 import httpx
+import pytest
 
 from server_harness import assert_error, get_json, metric, post_json, request
 
@@ -76,6 +77,7 @@ def test_http_capacity_429_then_recovers(launcher):
     assert post_json(served, "/v1/chat/completions", {**CHAT, "max_tokens": 2})[0] == 200
 
 
+@pytest.mark.fake_only("the model queue is sized by the fake's --model-queue; the runtime's queue is the core's")
 def test_model_capacity_503_with_hint(launcher, fake_only):
     # HTTP capacity (1 + 4) exceeds what the fake model admits (1 slot + 1 waiting).
     served = launcher(max_active=1, queue_capacity=4, model_queue=1, capacity_hint="see --max-active",
@@ -101,7 +103,7 @@ def test_disconnect_mid_stream_cancels_and_frees_the_slot(launcher):
     assert metric(served, "flare_http_disconnects_total") >= 1
 
 
-def test_disconnect_non_streaming_also_cancels(launcher, fake_only):
+def test_disconnect_non_streaming_also_cancels(launcher):
     served = launcher(max_active=2, tokens_per_s=50)
     host, port = served.host_port
     sock = socket.create_connection((host, port))
@@ -113,6 +115,7 @@ def test_disconnect_non_streaming_also_cancels(launcher, fake_only):
     _wait_for(lambda: metric(served, "flare_http_admitted") == 0)
 
 
+@pytest.mark.fake_only("pause/resume is the embedding API of an in-process session")
 def test_pause_and_resume_admission(launcher, fake_only):
     served = launcher(tokens_per_s=100)
     session = served.session
@@ -154,6 +157,7 @@ def test_200_concurrent_streams_see_only_200_and_429(launcher):
     assert metric(served, 'flare_http_responses_total{code="429"}') == statuses.count(429)
 
 
+@pytest.mark.fake_only("needs ~40 MB of events in seconds, beyond a CPU model's speed")
 def test_paused_reader_keeps_its_response(launcher, fake_only):
     """A client that stops reading gets its whole response later; the model slot is freed meanwhile."""
     served = launcher(max_active=2, tokens_per_s=0, context_len=32768)

@@ -81,6 +81,7 @@ def test_sigterm_ends_long_streams_cleanly_after_grace(engine_kind):
     assert last.startswith(b"event: error\ndata: ") and b'"code":"shutting_down"' in last, last
 
 
+@pytest.mark.fake_only("fault injection: the FLARE_FAKE_CRASH marker fails the runtime")
 def test_runtime_failure_exits_1(engine_kind, fake_only):
     served = launch(engine_kind, subprocess_mode=True)
     status, payload = post_json(served, "/v1/chat/completions",
@@ -208,7 +209,7 @@ def test_bad_options_raise_config_errors(tmp_path, env, content, needle):
 
 # -- systemd ------------------------------------------------------------------------------------
 
-def test_systemd_notify_ready_and_stopping(tmp_path, engine_kind, fake_only):
+def test_systemd_notify_ready_and_stopping(tmp_path, engine_kind):
     import socket
     path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
@@ -222,8 +223,9 @@ def test_systemd_notify_ready_and_stopping(tmp_path, engine_kind, fake_only):
 
 
 def launch_with_env(kind, env):
-    from server_harness import start_subprocess
-    return start_subprocess([sys.executable, "-m", "flare.server.testing", "--port", "0"], kind=kind, env=env)
+    from server_harness import FLARE_SERVE, start_subprocess
+    argv = [*FLARE_SERVE] if kind == "demo" else [sys.executable, "-m", "flare.server.testing"]
+    return start_subprocess([*argv, "--port", "0"], kind=kind, env=env)
 
 
 def test_unit_file_runs_flare_serve_as_notify_service_with_hardening():

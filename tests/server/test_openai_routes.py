@@ -139,6 +139,7 @@ def test_max_tokens_ends_with_length(server):
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
 
 
+@pytest.mark.fake_only("exact fake output; test_stop_strings.py runs the same on the demo engine")
 def test_stop_string_is_withheld(server, fake_only):
     reply = _client(server).chat.completions.create(model=server.model, messages=CHAT, stop=["hello"])
     assert reply.choices[0].message.content == "You said: Say " and reply.choices[0].finish_reason == "stop"
@@ -147,6 +148,7 @@ def test_stop_string_is_withheld(server, fake_only):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "You said: Say "
 
 
+@pytest.mark.fake_only("exact byte token IDs; the demo engine's stop tokens are its EOS in every test")
 def test_stop_token_ids(server, fake_only):
     reply = _client(server).chat.completions.create(model=server.model, messages=CHAT,
                                                     extra_body={"stop_token_ids": [ord(":")]})
@@ -192,6 +194,7 @@ def test_text_content_parts_and_tool_history(server):
         assert reply.choices[0].message.content == "You said"  # max_tokens=8
 
 
+@pytest.mark.fake_only("SmolLM2's template rejects null content, as transformers does")
 def test_null_assistant_content_reaches_the_template(server, fake_only):
     # SmolLM2's template concatenates message['content'] and so rejects null content
     # (as Transformers does); the fake template accepts it.
@@ -294,6 +297,7 @@ def test_context_overflow_names_counts_and_hint(launcher):
     assert_error(status, payload, 400, "context of")
 
 
+@pytest.mark.fake_only("fault injection: the FLARE_FAKE_TEMPLATE_ERROR marker")
 def test_frontend_errors_are_400(server, fake_only):
     status, payload = post_json(server, "/v1/chat/completions",
                                 {"messages": [{"role": "user", "content": "FLARE_FAKE_TEMPLATE_ERROR"}]})
@@ -304,6 +308,7 @@ def test_frontend_errors_are_400(server, fake_only):
 
 # -- execution failures (500) -----------------------------------------------------------------
 
+@pytest.mark.fake_only("fault injection: the FLARE_FAKE_FAIL marker")
 def test_execution_failure_is_500_with_same_message_in_stream(server, fake_only):
     body = {"messages": [{"role": "user", "content": "please FLARE_FAKE_FAIL"}], "max_tokens": 20}
     status, payload = post_json(server, "/v1/chat/completions", body)

@@ -1,0 +1,236 @@
+"""Faults from clients and model repositories: disconnects at every phase, slow and
+stalled clients, hostile chat templates in a served core. Each case asserts the
+status the client gets (when it is still there), a log without tracebacks, and
+the server back at idle."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from server_harness import FLARE_SERVE, get_json, launch, metrics, start_subprocess, wait_idle
+
+LONG = {"messages": [{"role": "user", "content": "Talk for a long while."}], "max_tokens": 400,
+        "ignore_eos": True}
+
+
+def _request_bytes(served, body: dict) -> bytes:
+    data = json.dumps({"model": served.model, **body}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(data)) + data
+
+
+def _until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.02)
+
+
+def _log_clean(served) -> None:
+    log = "".join(served.stderr_lines)
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("phase", ["in_head", "in_body", "before_first_token", "mid_stream", "awaiting_json"])
+def test_disconnect_at_every_phase_frees_everything(served, phase):
+    before = metrics(served)
+    wire = _request_bytes(served, {**LONG, "stream": phase != "awaiting_json"})
+    head_end = wire.index(b"\r\n\r\n") + 4
+    sock = socket.create_connection(served.host_port)
+    if phase == "in_head":
+        sock.sendall(wire[:head_end // 2])
+    elif phase == "in_body":
+        sock.sendall(wire[:head_end + 5])
+    else:
+        sock.sendall(wire)
+        if phase == "mid_stream":
+            _until(lambda: b"data: " in sock.recv(65536))
+        elif phase == "awaiting_json":
+            _until(lambda: metrics(served).get("flare_generated_tokens_total", 0)
+                   > before.get("flare_generated_tokens_total", 0))
+    time.sleep(0.1)
+    sock.close()
+    sample = wait_idle(served)
+    if phase in ("mid_stream", "awaiting_json"):
+        _until(lambda: metrics(served)["flare_requests_cancelled_total"] > before["flare_requests_cancelled_total"])
+        assert metrics(served)["flare_http_disconnects_total"] > before["flare_http_disconnects_total"]
+    assert sample["flare_http_admitted"] == 0
+    assert get_json(served, "/health") == (200, {"status": "ok"})
+    _log_clean(served)
+
+
+def test_slow_and_stalled_clients_time_out_without_holding_anything(engine_kind):
+    served = launch(engine_kind, subprocess_mode=True, request_timeout_s=1.0)
+    try:
+        wire = _request_bytes(served, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        replies: list[bytes] = []
+
+        def slowloris(data: bytes) -> None:
+            with socket.create_connection(served.host_port, timeout=10) as sock:
+                try:
+                    for i in range(0, len(data), 4):  # four bytes every 0.2 s: never done in 1 s
+                        sock.sendall(data[i:i + 4])
+                        time.sleep(0.2)
+                except OSError:
+                    pass
+                try:
+                    replies.append(sock.recv(4096))
+                except OSError:
+                    replies.append(b"")
+
+        stalled = [socket.create_connection(served.host_port) for _ in range(10)]  # connect, send nothing
+        for sock in stalled[:5]:
+            sock.sendall(wire[:40])  # part of a head, then silence
+        threads = [threading.Thread(target=slowloris, args=(wire,)) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        start = time.monotonic()
+        for _ in range(10):  # the server keeps answering others meanwhile
+            t0 = time.monotonic()
+            assert get_json(served, "/health") == (200, {"status": "ok"})
+            assert time.monotonic() - t0 < 0.1
+            time.sleep(0.1)
+        for thread in threads:
+            thread.join(15)
+        assert time.monotonic() - start < 15
+        assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies
+        for sock in stalled[:5]:
+            sock.settimeout(5)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+        for sock in stalled:
+            sock.close()
+        wait_idle(served)
+        _log_clean(served)
+    finally:
+        served.stop()
+
+
+# -- hostile chat templates, served ---------------------------------------------------
+
+HOSTILE_TEMPLATES = {
+    "chained_pow": "{{ 99 ** 99 ** 99 ** 99 }}",  # left-associative, as in jinja2: (99 ** 99) ** 99 ...
+    "nested_pow": "{% set x = 2 ** 4000 %}{{ (x ** 100000) }}",
+    "string_doubling": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                       "{% endfor %}{{ ns.s | length }}",
+    "big_repeat": "{{ 'x' * 10 ** 12 }}",
+    "list_of_large_strings": "{% set big = 'y' * 1000000 %}{% set ns = namespace(l=[]) %}"
+                             "{% for i in range(4000) %}{% set ns.l = ns.l + [big] %}{% endfor %}{{ ns.l | length }}",
+    "near_fuel_loop": "{% for i in range(3000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}x",
+    "raises": "{{ raise_exception('this template refuses every conversation') }}",
+    "recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.model.harness import save_tiny
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512))
+    return save_tiny(model, tmp_path_factory.mktemp("ckpt"))
+
+
+def _serve_with_template(checkpoint: Path, out: Path, template: str):
+    from flare.core.export import ExportOptions, export_core
+
+    ckpt = Path(shutil.copytree(checkpoint, out / "ckpt"))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "t2"}))
+    core = export_core(ckpt, out / "core", ExportOptions(context=512, prefill_chunk_size=128, max_active=4,
+                                                          served_names=("tiny",)))
+    return start_subprocess([*FLARE_SERVE, str(core), "--port", "0"], kind="core")
+
+
+PROBE = textwrap.dedent("""
+    import http.client, sys, time
+    conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
+    worst, end = 0.0, time.monotonic() + float(sys.argv[3])
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        worst = max(worst, time.monotonic() - t0)
+        time.sleep(0.01)
+    print(worst)
+""")
+
+
+def test_hostile_templates_are_400s_that_never_stall_the_server(tiny_checkpoint, tmp_path):
+    # One server per template would be slow; a core whose template dispatches on the
+    # user's message runs every hostile body in one process.
+    branches = "".join(f"{{% {'if' if i == 0 else 'elif'} messages[-1]['content'] == '{name}' %}}{body}"
+                       for i, (name, body) in enumerate(HOSTILE_TEMPLATES.items()))
+    template = branches + "{% else %}{% for m in messages %}{{ m['content'] }}{% endfor %}{% endif %}"
+    served = _serve_with_template(tiny_checkpoint, tmp_path, template)
+    try:
+        host, port = served.host_port
+        probe = subprocess.Popen([sys.executable, "-c", PROBE, host, str(port), "30"], stdout=subprocess.PIPE,
+                                 text=True)
+        for name in HOSTILE_TEMPLATES:
+            body = {"messages": [{"role": "user", "content": name}], "max_tokens": 2}
+            t0 = time.monotonic()
+            conn = http.client.HTTPConnection(host, port, timeout=60)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                         headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            payload = json.loads(response.read())
+            elapsed = time.monotonic() - t0
+            assert response.status == 400, (name, payload)
+            assert payload["error"]["message"], name
+            assert elapsed < 3.0, (name, elapsed)  # the 2 s render budget, and a little
+        ok = get_json(served, "/v1/models")[0]
+        assert ok == 200
+        probe.terminate()
+        probe.wait()
+        plain = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(plain),
+                     headers={"Content-Type": "application/json"})
+        assert conn.getresponse().status == 200
+        wait_idle(served)
+        _log_clean(served)
+    finally:
+        served.stop()
+
+
+def test_health_stays_fast_while_a_template_burns_its_budget(tiny_checkpoint, tmp_path):
+    served = _serve_with_template(tiny_checkpoint, tmp_path, HOSTILE_TEMPLATES["near_fuel_loop"])
+    try:
+        host, port = served.host_port
+        probe = subprocess.Popen([sys.executable, "-c", PROBE, host, str(port), "6"], stdout=subprocess.PIPE,
+                                 text=True)
+        time.sleep(0.3)
+
+        def burn() -> None:
+            conn = http.client.HTTPConnection(host, port, timeout=60)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(
+                {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}),
+                headers={"Content-Type": "application/json"})
+            assert conn.getresponse().status == 400
+
+        threads = [threading.Thread(target=burn) for _ in range(4)]  # more than the two frontend workers
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        worst = float(probe.communicate(timeout=30)[0])
+        assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while templates rendered"
+        wait_idle(served)
+        _log_clean(served)
+    finally:
+        served.stop()
