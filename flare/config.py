@@ -58,6 +58,9 @@ class ServerConfig:
     max_header_bytes: int = 64 * 1024  # request head (headers) limit; 431 beyond
     max_url_bytes: int = 8 * 1024  # request target limit; 414 beyond
     max_json_depth: int = 64  # nesting of arrays/objects in a JSON request body; 400 beyond
+    template_time_limit_s: float = 2.0  # wall clock for all chat-template renders of one request; 400 beyond
+    template_fuel: int = 20_000_000  # template VM instructions per render; 400 beyond
+    template_max_bytes: int = 16 * 1024 * 1024  # one string or collection a template builds; 400 beyond
     request_timeout_s: float = 60.0  # a client must deliver a whole request in this time (408)
     keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM/close, active responses get this long to finish

@@ -13,13 +13,21 @@ from ..config import ServerConfig
 from ..core.format import Core, load_core
 from ..errors import FrontendError
 from ..frontend.frontend import AssetFingerprints, Frontend, TokenSettings
+from ..frontend.template.limits import TemplateLimits
 from ..native import NativeModel
 from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
 
 log = logging.getLogger("flare.engine")
 
 
-def load_frontend(core: Core) -> Frontend:
+def template_limits(config: ServerConfig) -> TemplateLimits:
+    """The chat-template budget the server configuration sets (docs/serving.md)."""
+    return TemplateLimits(fuel=config.template_fuel, time_limit_s=config.template_time_limit_s,
+                          max_string_bytes=config.template_max_bytes, max_collection_bytes=config.template_max_bytes,
+                          max_output_bytes=2 * config.template_max_bytes)
+
+
+def load_frontend(core: Core, limits: TemplateLimits | None = None) -> Frontend:
     """The core's tokenizer and chat template, verified against its fingerprints."""
     settings = dict(core.contract.frontend)
     tokens = TokenSettings(
@@ -33,7 +41,7 @@ def load_frontend(core: Core) -> Frontend:
         tokenizer_json=core.assets["tokenizer.json"]["sha256"],
         chat_template=core.assets["chat_template.jinja"]["sha256"] if template is not None else None,
     )
-    return Frontend.load(core.asset("tokenizer.json").read_bytes(), template, expected, tokens)
+    return Frontend.load(core.asset("tokenizer.json").read_bytes(), template, expected, tokens, limits=limits)
 
 
 class NativeEngine:
@@ -60,7 +68,7 @@ class NativeEngine:
                 progress.report("loading", message)
 
         core = load_core(Path(core_path), progress=say)
-        frontend = load_frontend(core)
+        frontend = load_frontend(core, template_limits(config))
         say(f"chat template endpoints: {frontend.endpoint_path}")
         capacity = (config.queue_capacity or 4 * (config.engine.max_active or core.contract.max_active)) \
             + (config.engine.max_active or core.contract.max_active)
