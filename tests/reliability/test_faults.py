@@ -146,14 +146,14 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return save_tiny(model, tmp_path_factory.mktemp("ckpt"))
 
 
-def _serve_with_template(checkpoint: Path, out: Path, template: str):
+def _serve_with_template(checkpoint: Path, out: Path, template: str, *flags: str):
     from flare.core.export import ExportOptions, export_core
 
     ckpt = Path(shutil.copytree(checkpoint, out / "ckpt"))
     (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "t2"}))
     core = export_core(ckpt, out / "core", ExportOptions(context=512, prefill_chunk_size=128, max_active=4,
                                                           served_names=("tiny",)))
-    return start_subprocess([*FLARE_SERVE, str(core), "--port", "0"], kind="core")
+    return start_subprocess([*FLARE_SERVE, str(core), "--port", "0", *flags], kind="core")
 
 
 PROBE = textwrap.dedent("""
@@ -209,25 +209,32 @@ def test_hostile_templates_are_400s_that_never_stall_the_server(tiny_checkpoint,
 
 
 def test_health_stays_fast_while_a_template_burns_its_budget(tiny_checkpoint, tmp_path):
-    served = _serve_with_template(tiny_checkpoint, tmp_path, HOSTILE_TEMPLATES["near_fuel_loop"])
+    served = _serve_with_template(tiny_checkpoint, tmp_path, HOSTILE_TEMPLATES["near_fuel_loop"],
+                                  "--template-time-limit", "0.5")
     try:
         host, port = served.host_port
         probe = subprocess.Popen([sys.executable, "-c", PROBE, host, str(port), "6"], stdout=subprocess.PIPE,
                                  text=True)
         time.sleep(0.3)
 
+        times = []
+
         def burn() -> None:
+            t0 = time.monotonic()
             conn = http.client.HTTPConnection(host, port, timeout=60)
             conn.request("POST", "/v1/chat/completions", body=json.dumps(
                 {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}),
                 headers={"Content-Type": "application/json"})
             assert conn.getresponse().status == 400
+            times.append(time.monotonic() - t0)
 
         threads = [threading.Thread(target=burn) for _ in range(4)]  # more than the two frontend workers
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(30)
+        # --template-time-limit 0.5: each request's renders stop at 0.5 s (two workers, four requests).
+        assert len(times) == 4 and min(times) < 1.0 and max(times) < 2.5, times
         worst = float(probe.communicate(timeout=30)[0])
         assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while templates rendered"
         wait_idle(served)
