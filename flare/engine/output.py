@@ -38,8 +38,9 @@ class StopText:
         text = self.pending + text
         at, stop = self._earliest_match(text)
         hold_from = len(text) if final else len(text) - self._partial_tail(text)
-        if stop is not None and at <= hold_from:
-            # No occurrence that starts earlier can still complete: this one is first.
+        if stop is not None and at < hold_from:
+            # No occurrence that starts earlier (or a longer one at the same place) can
+            # still complete: this one is first.
             self.pending, self.stopped = "", stop
             return text[:at], stop
         self.pending = text[hold_from:]

@@ -49,6 +49,12 @@ def test_a_longer_stop_that_starts_earlier_wins():
     assert run(["ab", "c", "x"], ["abcd", "c"])[:2] == ("ab", "c")
 
 
+def test_a_longer_stop_at_the_same_place_is_awaited():
+    assert run(["x", "日", "日y"], ["日", "日日"])[:2] == ("x", "日日")
+    assert run(["x", "日", "y"], ["日", "日日"])[:2] == ("x", "日")
+    assert run(["x", "日"], ["日", "日日"])[:2] == ("x", "日")  # the output ended: the shorter one
+
+
 def test_withheld_text_is_released_when_it_cannot_start_a_stop():
     _, _, published = run(["Hel", "lo", " wor", "ld"], ["lo!"])
     assert published == ["He", "l", "lo wor", "ld", ""]
