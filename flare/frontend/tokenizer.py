@@ -16,8 +16,10 @@ return equals one full decode of the same ids.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
+import time
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -65,6 +67,16 @@ def _trims_offsets(config: dict | None) -> bool:
     return config.get("type") in ("ByteLevel", "RobertaProcessing") and bool(config.get("trim_offsets", False))
 
 
+# Texts shorter than this are encoded holding the GIL (well under a millisecond); longer
+# ones through the batch entry point, which releases it.
+GIL_FREE_ENCODE_CHARS = 4096
+
+
+def _encode_batch_fast(backend: "tokenizers.Tokenizer"):
+    """``encode_batch_fast`` (ids without character offsets) where the release has it."""
+    return getattr(backend, "encode_batch_fast", backend.encode_batch)
+
+
 class Tokenizer:
     """A Hugging Face tokenizer parsed from tokenizer.json bytes. Thread-safe for encode/decode."""
 
@@ -98,15 +110,65 @@ class Tokenizer:
         return self._inner
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` applies the tokenizer.json post-processor."""
-        return self._inner.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of ``text``; ``add_special_tokens`` applies the tokenizer.json post-processor.
+
+        A long text is encoded through the batch entry point, which releases the GIL
+        while it works (``encode`` holds it: about 19 ms per 100k characters, so a
+        megabyte prompt would stall the event loop and every stream for 0.3 s).
+        """
+        if len(text) < GIL_FREE_ENCODE_CHARS:
+            return self._inner.encode(text, add_special_tokens=add_special_tokens).ids
+        return _encode_batch_fast(self._inner)([text], add_special_tokens=add_special_tokens)[0].ids
 
     def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(ids int32, starts, ends)``: ids without special tokens and each token's character span."""
-        encoding = self._plain.encode(text, add_special_tokens=False)
+        if len(text) < GIL_FREE_ENCODE_CHARS:
+            encoding = self._plain.encode(text, add_special_tokens=False)
+            ids = np.asarray(encoding.ids, dtype=np.int32)
+            offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+            return ids, offsets[:, 0], offsets[:, 1]
+        # Long text: the encoding releases the GIL (see encode). Its character offsets are
+        # one C call that holds it while it builds a tuple per token (about 100 ms for a
+        # megabyte when the memory is new), so a byte-level vocabulary derives them from
+        # the tokens' bytes instead, vectorized, whenever those bytes spell the text.
+        encoding = self._plain.encode_batch([text], add_special_tokens=False)[0]
         ids = np.asarray(encoding.ids, dtype=np.int32)
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        spans = self._byte_spans(text, ids) if self._byte_level else None
+        if spans is not None:
+            return ids, spans[0], spans[1]
+        time.sleep(0)
+        pairs = encoding.offsets
+        time.sleep(0)
+        offsets = np.fromiter(itertools.chain.from_iterable(pairs), dtype=np.int64, count=2 * len(pairs))
+        offsets = offsets.reshape(-1, 2)
         return ids, offsets[:, 0], offsets[:, 1]
+
+    def _byte_spans(self, text: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each token's character span, from its bytes; None unless they spell ``text`` exactly.
+
+        A token that ends inside a character spans that whole character (as the
+        tokenizer's own offsets do), so a cut there is never clean.
+        """
+        unique = np.unique(ids)
+        lengths = np.zeros(int(unique[-1]) + 1 if len(unique) else 1, np.int64)
+        for i, token_id in enumerate(unique.tolist()):
+            lengths[token_id] = len(self.token_bytes(token_id))
+            if i % 1024 == 1023:
+                time.sleep(0)  # hand the GIL over on a long list of new tokens
+        raw = text.encode("utf-8")
+        token_lengths = lengths[ids]
+        ends = np.cumsum(token_lengths)
+        if len(ends) and int(ends[-1]) != len(raw):
+            return None
+        if b"".join([self.token_bytes(t) for t in ids.tolist()]) != raw:
+            return None
+        starts = ends - token_lengths
+        data = np.frombuffer(raw, np.uint8)
+        continuation = (data & 0xC0) == 0x80
+        # chars_before[b]: characters that start before byte b.
+        chars_before = np.concatenate(([0], np.cumsum(~continuation)))
+        inside = np.concatenate((continuation, [False]))
+        return chars_before[starts] - inside[starts], chars_before[ends]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._inner.decode(list(ids), skip_special_tokens=skip_special_tokens)

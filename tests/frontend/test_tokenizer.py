@@ -166,3 +166,22 @@ def test_bad_tokenizer_json_is_a_frontend_error():
         Tokenizer(b"{not json")
     with pytest.raises(FrontendError, match="could not be parsed"):
         Tokenizer(json.dumps({"model": {"type": "Nope"}}).encode())
+
+
+@pytest.mark.parametrize("name", ["smollm2", *VOCABS])
+def test_long_texts_tokenize_the_same_without_holding_the_gil(tokenizers_by_name, name):
+    """Past GIL_FREE_ENCODE_CHARS the ids come from the GIL-free batch call and (byte-level
+    vocabularies) the spans from the tokens' bytes: the same as the tokenizer's own."""
+    import numpy as np
+
+    from flare.frontend.tokenizer import GIL_FREE_ENCODE_CHARS
+
+    tok = tokenizers_by_name[name]
+    text = "".join(TEXTS) * (GIL_FREE_ENCODE_CHARS // 100)
+    assert len(text) >= GIL_FREE_ENCODE_CHARS
+    reference = tok.backend.encode(text, add_special_tokens=False)
+    ids, starts, ends = tok.encode_offsets(text)
+    offsets = np.asarray(reference.offsets).reshape(-1, 2)
+    assert ids.tolist() == reference.ids
+    assert starts.tolist() == offsets[:, 0].tolist() and ends.tolist() == offsets[:, 1].tolist()
+    assert tok.encode(text, add_special_tokens=True) == tok.backend.encode(text, add_special_tokens=True).ids

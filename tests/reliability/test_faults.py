@@ -241,3 +241,26 @@ def test_health_stays_fast_while_a_template_burns_its_budget(tiny_checkpoint, tm
         _log_clean(served)
     finally:
         served.stop()
+
+
+def test_megabyte_prompts_do_not_stall_the_event_loop(served):
+    """Tokenizing a prompt of a megabyte takes a third of a second: it must not hold the
+    event loop (and so /health and every stream) for that long."""
+    host, port = served.host_port
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, host, str(port), "5"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    text = "hello world, " * 80_000  # 1.04 MB, far beyond the context: 400 after tokenizing
+    for body, route in (({"prompt": text, "max_tokens": 1}, "/v1/completions"),
+                        ({"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+                         "/v1/chat/completions")) * 2:
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.request("POST", route, body=json.dumps({"model": served.model, **body}),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        payload = json.loads(response.read())
+        assert response.status in (400, 413), payload
+        conn.close()
+    worst = float(probe.communicate(timeout=30)[0])
+    assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while a long prompt was tokenized"
+    wait_idle(served)
+    _log_clean(served)

@@ -109,9 +109,11 @@ def test_stop_across_a_token_boundary(server, baselines):
 
 def test_stop_on_multibyte_characters(server, baselines):
     baseline = "".join(baselines[MULTIBYTE])
-    assert "本" in baseline, baseline
-    expect_stop(server, MULTIBYTE, ["本"], baseline)
-    expect_stop(server, MULTIBYTE, ["語, 日"], baseline)
+    # The second non-ASCII character of the output ("本" on the demo and fake engines;
+    # whatever a random-weight core says), alone and with its neighbours.
+    at = [i for i, c in enumerate(baseline) if ord(c) > 127 and c != "\ufffd"][1]
+    expect_stop(server, MULTIBYTE, [baseline[at]], baseline)
+    expect_stop(server, MULTIBYTE, [baseline[at - 1:at + 2]], baseline)
 
 
 def test_several_stops_end_at_the_earliest(server, baselines):
