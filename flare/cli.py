@@ -54,7 +54,7 @@ def _serve_arguments(p: argparse.ArgumentParser, *, core_optional: bool) -> None
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server.native_engine import NativeEngine
+    from .engine.native import NativeEngine
     from .server.options import load_server_config
     from .server.session import serve
 

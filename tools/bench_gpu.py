@@ -286,7 +286,7 @@ def _decode_rounds(model, sched, contract, rng, observed: dict[int, list[int]]) 
 
 
 def serving(model, args) -> None:
-    from flare.server.native_engine import NativeEngine, load_frontend
+    from flare.engine.native import NativeEngine, load_frontend
     from busy import serve_and_measure
 
     engine = NativeEngine(model, load_frontend(model.core), ("bench",))
@@ -350,7 +350,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
     from flare.config import EngineConfig
-    from flare.native import NativeModel
+    from flare.engine.model import NativeModel
 
     RESULTS.update(shape=args.shape, device=torch.cuda.get_device_name(), torch=torch.__version__)
     ckpt, core = args.workdir / f"{args.shape}-hf", args.workdir / f"{args.shape}-core"

@@ -59,10 +59,10 @@ def build_engine(args):
     from flare.core.format import load_core
     from flare.execution.fake import FakeExecutor
     from flare.model.contract import PreparedContract
-    from flare.native import NativeModel, core_identity
+    from flare.engine.model import NativeModel, core_identity
     from flare.scheduler.scheduler import RequestScheduler
-    from flare.server.native_engine import NativeEngine, load_frontend
-    from flare.server.runtime import ModelRuntime
+    from flare.engine.native import NativeEngine, load_frontend
+    from flare.engine.runtime import ModelRuntime
 
     core_dir = fixtures.cache_dir() / "bench-host-core"
     if not (core_dir / "core.json").exists():

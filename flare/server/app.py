@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from ..config import MAX_ACTIVE_LIMIT, ServerConfig
 from ..errors import Error
 from .admission import FrontendPool, HttpAdmission
-from .engine import Engine
+from ..engine.base import Engine
 from .metrics import ServerMetrics
 from .protocol import HttpConnection, HttpRequest, ProtocolLimits
 from .response import Response

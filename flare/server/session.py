@@ -36,7 +36,7 @@ from ..config import ServerConfig
 from ..errors import Error
 from . import openai_routes
 from .app import Application, Router, ServerState
-from .engine import Engine
+from ..engine.base import Engine
 from .metrics import TOKEN_SAMPLE_INTERVAL_S
 from .protocol import HttpConnection
 from .response import refresh_date

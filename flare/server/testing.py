@@ -93,7 +93,7 @@ class FakeTicket:
 
 
 class FakeEngine:
-    """See the module docstring. Implements flare.server.engine.Engine."""
+    """See the module docstring. Implements flare.engine.base.Engine."""
 
     def __init__(self, config: FakeEngineConfig = FakeEngineConfig()):
         if config.max_active < 1 or config.context_len < 2:
