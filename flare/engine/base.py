@@ -1,6 +1,6 @@
 """The interface between the HTTP server and whatever runs the model.
 
-The real implementation is :class:`flare.server.runtime.ModelRuntime` (one
+The real implementation is :class:`flare.engine.runtime.ModelRuntime` (one
 model thread owning the scheduler and an executor); tests and benchmarks use
 fakes that implement the same protocol. The server never imports torch.
 

@@ -20,11 +20,11 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .config import EngineConfig
-from .core.format import Core, load_core
-from .errors import ExecutionError
-from .request import ErrorEvent, Event, FinishEvent, PreparedPrompt, SamplingParams
-from .scheduler.scheduler import RequestScheduler
+from ..config import EngineConfig
+from ..core.format import Core, load_core
+from ..errors import ExecutionError
+from ..request import ErrorEvent, Event, FinishEvent, PreparedPrompt, SamplingParams
+from ..scheduler.scheduler import RequestScheduler
 
 Progress = Callable[[str], None]
 
@@ -50,8 +50,8 @@ class NativeModel:
              capacity_hint: str = "") -> "NativeModel":
         from tokenizers import Tokenizer
 
-        from .model.loader import load_model
-        from .server.runtime import ModelRuntime
+        from ..model.loader import load_model
+        from .runtime import ModelRuntime
 
         if not isinstance(core, Core):
             if progress:
@@ -59,10 +59,10 @@ class NativeModel:
             core = load_core(Path(core), progress=progress)
         loaded = load_model(core, config, progress)
         if loaded.device.type == "cuda":
-            from .execution.cuda import make_cuda_executor
+            from ..execution.cuda import make_cuda_executor
             executor = make_cuda_executor(loaded, progress)
         else:
-            from .execution.cpu import CpuExecutor
+            from ..execution.cpu import CpuExecutor
             executor = CpuExecutor(loaded.programs)
         tokenizer = Tokenizer.from_file(str(core.asset("tokenizer.json")))
         if decoder_factory is None:

@@ -14,8 +14,8 @@ from ..core.format import Core, load_core
 from ..errors import FrontendError
 from ..frontend.frontend import AssetFingerprints, Frontend, TokenSettings
 from ..frontend.template.limits import TemplateLimits
-from ..native import NativeModel
 from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
+from .model import NativeModel
 
 log = logging.getLogger("flare.engine")
 
@@ -45,7 +45,7 @@ def load_frontend(core: Core, limits: TemplateLimits | None = None) -> Frontend:
 
 
 class NativeEngine:
-    """Implements flare.server.engine.Engine for a prepared core."""
+    """Implements flare.engine.base.Engine for a prepared core."""
 
     def __init__(self, model: NativeModel, frontend: Frontend, served_names: Sequence[str] = ()):
         self.model = model

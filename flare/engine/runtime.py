@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
-from ..engine.output import StopText
+from .output import StopText
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
 from ..model.contract import GraphKind
