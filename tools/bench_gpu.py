@@ -233,7 +233,7 @@ def decode_runs(model) -> None:
 
 
 def _decode_rounds(model, sched, contract, rng, observed: dict[int, list[int]]) -> None:
-    from flare.model.contract import GraphKind
+    from flare.contract import GraphKind
     from flare.request import PreparedPrompt, SamplingParams, TokenEvent
 
     for batch in (1, 64):
@@ -309,7 +309,7 @@ def profile_decode(model, out: Path | None) -> None:
     and their summed device time (the graph step time minus this is launch gaps)."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    from flare.model.contract import GraphKind
+    from flare.contract import GraphKind
 
     try:
         programs = model.loaded.programs

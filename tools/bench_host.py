@@ -40,7 +40,7 @@ from busy import serve_and_measure  # noqa: E402
 def cost_model(args):
     """Seconds a graph occupies the device: decode interpolated between the batch-1 and
     batch-64 step times, prefill the weight pass plus compute per token."""
-    from flare.model.contract import GraphKind
+    from flare.contract import GraphKind
 
     def device_time(graph) -> float:
         if graph.kind == GraphKind.DECODE:
@@ -58,7 +58,7 @@ def build_engine(args):
     from flare import fixtures
     from flare.core.format import load_core
     from flare.execution.fake import FakeExecutor
-    from flare.model.contract import PreparedContract
+    from flare.contract import PreparedContract
     from flare.engine.model import NativeModel, core_identity
     from flare.scheduler.scheduler import RequestScheduler
     from flare.engine.native import NativeEngine, load_frontend

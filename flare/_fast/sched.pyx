@@ -2,7 +2,7 @@
 """Scheduler hot loops (see flare/scheduler/scheduler.py)."""
 
 cdef enum:
-    # Completion-record field offsets (flare.model.contract.REC_*).
+    # Completion-record field offsets (flare.contract.REC_*).
     REC_SLOT = 0  # physical slot
     REC_GENERATION = 1  # slot generation
     REC_CONSUMED = 2  # cumulative consumed tokens

@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Protocol
 from .output import StopText
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
-from ..model.contract import GraphKind
+from ..contract import GraphKind
 from ..model.inputs import Inputs, pack_step
 from ..request import (ErrorEvent, EventSink, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent,
                        TokenLogprob, Usage)

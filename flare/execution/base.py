@@ -17,13 +17,12 @@ most two submissions in flight (the two-frame window):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, Union
+from typing import Protocol, Sequence
 
 import numpy as np
 
+from ..contract import Upload
 from ..errors import ExecutionError
-
-Upload = tuple[str, int, Union[bytes, bytearray, memoryview]]
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..contract import Upload
 from ..errors import ExecutionError
 from ..model.programs import StepPrograms
-from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, check_submission, upload_size
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission, upload_size
 
 
 class CpuExecutor(FenceTimeline):

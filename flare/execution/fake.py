@@ -28,12 +28,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ExecutionError
-from ..model.contract import (
+from ..contract import (
     REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION,
-    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract,
+    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract, Upload,
 )
-from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload
+from ..errors import ExecutionError
+from .base import FRAMES, ExecutionCompletion, FenceTimeline
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ..config import PAGE_TOKENS
 from ..errors import ExecutionError
-from ..model.contract import RECORD_META, RECORD_TOKENS, GraphKind, PreparedContract
+from ..contract import RECORD_META, RECORD_TOKENS, GraphKind, PreparedContract
 
 HOST = "host"  # pinned or pageable host memory, addressed by the CPU
 DEVICE = "device"  # device memory on the manifest's CUDA context
@@ -32,7 +32,7 @@ SPACES = (HOST, DEVICE)
 VIEW_ALIGNMENT = 16
 # Prefill token capacities are whole KV pages, so a chunk never splits a page.
 PREFILL_TOKEN_QUANTUM = PAGE_TOKENS
-# Completion records are double-buffered by step.frame (flare.model.contract).
+# Completion records are double-buffered by step.frame (flare.contract).
 COMPLETION_FRAMES = 2
 DEFAULT_COMPLETION_TOKENS = 8  # an omitted or zero completion token capacity
 RECORDS_BUFFER = "out.records"

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .contract import GraphKind
+from ..contract import GraphKind
 from .programs import StepPrograms
 
 Progress = Callable[[str], None]

@@ -18,9 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..execution.base import Upload
-from .contract import (
-    PreparedContract, SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_MIN_P, SAMPLING_PRESENCE, SAMPLING_REPETITION,
+from ..contract import (
+    PreparedContract, Upload, SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_MIN_P, SAMPLING_PRESENCE, SAMPLING_REPETITION,
     SAMPLING_TEMPERATURE, SAMPLING_TOP_K, SAMPLING_TOP_P,
 )
 
@@ -136,7 +135,7 @@ _NO_TOKENS = np.zeros(0, dtype=np.int64)
 
 def pack_step(inputs: Inputs, step) -> list[Upload]:
     """Pack a :class:`flare.scheduler.plan.CommittedStep` into uploads for its graph."""
-    from .contract import GraphKind
+    from ..contract import GraphKind
 
     plan = step.plan
     kind = plan.kind

@@ -19,7 +19,7 @@ from ..core.format import Core
 from ..errors import ExecutionError, FrontendError
 from ..model.checkpoint import runtime_weight_shapes
 from .attention import KVCache
-from .contract import PreparedContract
+from ..contract import PreparedContract
 from .decoder import Decoder
 from .programs import StepPrograms
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .contract import (  # noqa: F401 - the column layout lives with the contract
+from ..contract import (  # noqa: F401 - the column layout lives with the contract
     SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_MIN_P, SAMPLING_PRESENCE, SAMPLING_REPETITION,
     SAMPLING_TEMPERATURE, SAMPLING_TOP_K, SAMPLING_TOP_P,
 )

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..model.contract import GraphKind
+from ..contract import GraphKind
 from ..request import SamplingParams
 
 

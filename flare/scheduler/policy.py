@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._fast import sched as fast
-from ..model.contract import GraphKind, GraphSpec
+from ..contract import GraphKind, GraphSpec
 from .live import LiveRequest
 from .plan import CommittedStep, Phase, PlanRow, RowArrays, ScheduledPlan
 

@@ -43,7 +43,7 @@ import numpy as np
 from .._fast import sched as fast
 from ..cache import Created, PrefixCheckpointCache, PrefixHistory
 from ..config import PolicyConfig
-from ..model.contract import (
+from ..contract import (
     REC_CONSUMED, REC_GENERATED, REC_GENERATION, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, GraphKind, GraphSpec,
     PreparedContract,
 )

@@ -19,7 +19,7 @@ pytest.importorskip("cuda.bindings")
 
 from flare.execution.manifest import DEVICE, HOST, ExecutionManifest, ManifestError  # noqa: E402
 from flare.execution.replay import GraphReplayWorker, current_context  # noqa: E402
-from flare.model.contract import REC_KIND, REC_SLOT, GraphKind, PreparedContract  # noqa: E402
+from flare.contract import REC_KIND, REC_SLOT, GraphKind, PreparedContract  # noqa: E402
 from tests.gpu.graphs import capture  # noqa: E402
 
 pytestmark = pytest.mark.gpu

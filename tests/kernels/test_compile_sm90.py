@@ -225,7 +225,7 @@ def test_attention_kernels_compile_for_sm90(launches):
 
 
 def test_greedy_sampling_kernels_compile_for_sm90(launches):
-    from flare.model.contract import SAMPLING_COLUMNS
+    from flare.contract import SAMPLING_COLUMNS
     from flare.model.kernels.sampling import greedy_tokens
 
     slots = 65
@@ -241,7 +241,7 @@ def test_greedy_sampling_kernels_compile_for_sm90(launches):
 
 
 def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
-    from flare.model.contract import RECORD_FIELDS, GraphKind
+    from flare.contract import RECORD_FIELDS, GraphKind
     from flare.model.kernels import slots
 
     s1, vocab = 65, 128256

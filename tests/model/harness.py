@@ -17,7 +17,7 @@ from flare.config import EngineConfig
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.execution.cpu import CpuExecutor
-from flare.model.contract import REC_CONSUMED, REC_TOKEN0, GraphKind
+from flare.contract import REC_CONSUMED, REC_TOKEN0, GraphKind
 from flare.model.inputs import Inputs
 from flare.model.loader import load_model
 from flare.request import SamplingParams

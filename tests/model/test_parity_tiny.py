@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from flare.model.contract import REC_TOKEN0, GraphKind
+from flare.contract import REC_TOKEN0, GraphKind
 
 from .harness import Harness, save_tiny
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from flare.model.contract import PreparedContract
+from flare.contract import PreparedContract
 from flare.model.inputs import Inputs, pack_step
 from flare.request import PreparedPrompt, SamplingParams
 from flare.scheduler.scheduler import RequestScheduler

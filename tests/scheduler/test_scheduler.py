@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flare.execution.fake import FakeExecutor
-from flare.model.contract import REC_GENERATION, GraphKind
+from flare.contract import REC_GENERATION, GraphKind
 from flare.model.inputs import pack_step
 from flare.scheduler.errors import CapacityError, CompletionError, StalePlanError
 from flare.scheduler.plan import Phase

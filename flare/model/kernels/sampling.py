@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..contract import SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
+from ...contract import SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
 from ._common import next_power_of_2, pdl_level, pdl_options, require, require_same_device, wait_for_inputs
 
 _BLOCK = 2048

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..attention import AttentionBatch
-from ..contract import (
+from ...contract import (
     REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION, REC_KIND,
     REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS,
 )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flare.model import sampling as reference
-from flare.model.contract import SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
+from flare.contract import SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
 from flare.model.kernels import KernelInputError
 from flare.model.kernels.sampling import greedy_tokens
 

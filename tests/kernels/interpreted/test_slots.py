@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flare.model.contract import GraphKind, PreparedContract
+from flare.contract import GraphKind, PreparedContract
 from flare.model.decoder import Decoder
 from flare.model.kernels import slots as slot_kernels
 from flare.model.programs import StepPrograms

@@ -1,4 +1,8 @@
-"""PreparedContract: the typed handoff between the host runtime and step programs.
+"""The torch-free ABI between the host (scheduler, runtime, executors) and step programs.
+
+Graph kinds, the completion-record layout, upload ranges and PreparedContract live
+here, below model/, execution/ and scheduler/, so that each of them can read the
+contract without importing another.
 
 A contract fixes, for one loaded core, every device-resident buffer (name, shape,
 dtype, role) and every graph (kind and capacities). The host packs inputs into
@@ -19,11 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Union
 
 import numpy as np
 
-from ..config import PAGE_TOKENS
-from ..request import MAX_TOP_LOGPROBS
+from .config import PAGE_TOKENS
+from .request import MAX_TOP_LOGPROBS
 
 RECORD_META = 16
 RECORD_TOKENS = 8
@@ -41,6 +46,10 @@ REC_TOKEN0 = RECORD_META  # first sampled token
 
 REC_FLAG_PARTICIPATED = 1  # the slot took part in this program
 REC_FLAG_SAMPLED = 2  # a token was sampled
+
+# One host-to-device upload range: (input buffer name, byte offset, bytes). Ranges not
+# uploaded keep their device contents.
+Upload = tuple[str, int, Union[bytes, bytearray, memoryview]]
 
 # Columns of the per-slot float32 sampling-parameter row (slot.sampling).
 SAMPLING_TEMPERATURE = 0  # <= 0 means greedy
