@@ -2,7 +2,8 @@
 
 Graph kinds, the completion-record layout, upload ranges and PreparedContract live
 here, below model/, execution/ and scheduler/, so that each of them can read the
-contract without importing another.
+contract without importing another. flare/_fast/records.pxd is the one Cython copy of
+the completion-record layout; tests/test_contract.py proves the two agree.
 
 A contract fixes, for one loaded core, every device-resident buffer (name, shape,
 dtype, role) and every graph (kind and capacities). The host packs inputs into

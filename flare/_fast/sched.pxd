@@ -1,5 +1,6 @@
 # Scheduler hot loops: candidate selection and completion-record validation.
 # Contract: pure functions over NumPy buffers; no Python objects touched inside nogil loops.
+# Completion records are read through the offsets of records.pxd (flare.contract's layout).
 
 cpdef Py_ssize_t select_candidate(const double[::1] value, const double[::1] est_ms,
                                   const double[::1] wait_per_ms) except -2

@@ -1,13 +1,22 @@
 # cython: boundscheck=False, wraparound=False, initializedcheck=False
 """Scheduler hot loops (see flare/scheduler/scheduler.py)."""
 
-cdef enum:
-    # Completion-record field offsets (flare.contract.REC_*).
-    REC_SLOT = 0  # physical slot
-    REC_GENERATION = 1  # slot generation
-    REC_CONSUMED = 2  # cumulative consumed tokens
-    REC_GENERATED = 3  # cumulative sampled tokens
-    REC_NEW_TOKENS = 4  # tokens sampled by this step
+from flare._fast.records cimport (
+    RECORD_FIELDS, RECORD_META, RECORD_TOKENS, REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS,
+    REC_GENERATED, REC_GENERATION, REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0,
+)
+
+
+def record_layout():
+    """The completion-record offsets this module was compiled with (records.pxd), by their
+    flare.contract names, so a test can prove the two copies agree."""
+    return {
+        "RECORD_META": RECORD_META, "RECORD_TOKENS": RECORD_TOKENS, "RECORD_FIELDS": RECORD_FIELDS,
+        "REC_SLOT": REC_SLOT, "REC_GENERATION": REC_GENERATION, "REC_CONSUMED": REC_CONSUMED,
+        "REC_GENERATED": REC_GENERATED, "REC_NEW_TOKENS": REC_NEW_TOKENS, "REC_KIND": REC_KIND,
+        "REC_FLAGS": REC_FLAGS, "REC_TOKEN0": REC_TOKEN0,
+        "REC_FLAG_PARTICIPATED": REC_FLAG_PARTICIPATED, "REC_FLAG_SAMPLED": REC_FLAG_SAMPLED,
+    }
 
 
 cpdef Py_ssize_t select_candidate(const double[::1] value, const double[::1] est_ms,
