@@ -41,7 +41,7 @@ class BusySampler:
     def _run(self) -> None:
         while True:
             stats = self.engine.stats()
-            self.samples.append((time.perf_counter(), stats["device_busy_seconds"], int(stats["slots_live"])))
+            self.samples.append((time.perf_counter(), stats.device_busy_seconds, int(stats.slots_live)))
             if self._stop.wait(self.period):
                 return
 
@@ -75,7 +75,7 @@ def serve_and_measure(engine, *, full: int, requests: int, concurrency: int, inp
     session = Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=queue_capacity,
                                                 log_level="warning"))
     try:
-        busy0 = engine.stats()["device_busy_seconds"]
+        busy0 = engine.stats().device_busy_seconds
         t0 = time.perf_counter()
         with BusySampler(engine, full=full) as sampler:
             run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
@@ -84,7 +84,7 @@ def serve_and_measure(engine, *, full: int, requests: int, concurrency: int, inp
                                   "--output-len", str(output_len), "--vocab", str(vocab)],
                                  capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
-        busy = engine.stats()["device_busy_seconds"] - busy0
+        busy = engine.stats().device_busy_seconds - busy0
     finally:
         session.close(grace_s=1.0)
     lines = run.stdout.strip().splitlines()

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import Error
 from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
+from .telemetry import EngineStats
 
 
 class RequestTicket(Protocol):
@@ -50,8 +51,8 @@ class Engine(Protocol):
 
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RequestTicket: ...
 
-    def stats(self) -> Mapping[str, float]:
-        """Counters and gauges for /metrics (names in docs/metrics.md)."""
+    def stats(self) -> EngineStats:
+        """Counters and gauges for /metrics and snapshots (flare/engine/telemetry.py)."""
 
     def shed_queued(self, error: Error) -> None:
         """End every request still waiting for a model slot with ``error`` (shutdown

@@ -16,6 +16,7 @@ from ..frontend.frontend import AssetFingerprints, Frontend, TokenSettings
 from ..frontend.template.limits import TemplateLimits
 from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
 from .model import NativeModel
+from .telemetry import EngineStats
 
 log = logging.getLogger("flare.engine")
 
@@ -101,7 +102,7 @@ class NativeEngine:
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink):
         return self.model.submit(prompt, params, sink)
 
-    def stats(self) -> Mapping[str, float]:
+    def stats(self) -> EngineStats:
         return self.model.runtime.stats()
 
     def shed_queued(self, error) -> None:

@@ -24,9 +24,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Protocol
 
 from .output import StopText
+from .telemetry import PUBLISH_INTERVAL_S, EngineStats, RequestRow
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
 from ..contract import GraphKind
@@ -113,6 +114,11 @@ class ModelRuntime:
         self._closing = False
         self._shed: Error | None = None  # end queued requests with this error (model thread)
         self._drained = False
+        self._stats_at = 0.0
+        self._stats = EngineStats()
+        self._terminals: list = []  # (consumer, terminal event) waiting for a statistics publish
+        self._is_publishing = False
+        self._publish_stats(force=True)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -172,27 +178,36 @@ class ModelRuntime:
     def drained(self) -> bool:
         return self._drained
 
-    def stats(self) -> Mapping[str, float]:
+    def stats(self) -> EngineStats:
+        """The latest statistics the model thread published (any thread)."""
+        return self._stats
+
+    def _publish_stats(self, force: bool = False) -> None:
+        """Build a new EngineStats (model thread), at most every PUBLISH_INTERVAL_S unless forced."""
+        now = time.monotonic()
+        if not force and now - self._stats_at < PUBLISH_INTERVAL_S:
+            return
+        self._stats_at = now
         s = self.scheduler
         c = s.cache.counters()
-        out = {
-            "requests_admitted": self.counters.requests_admitted,
-            "requests_completed": self.counters.requests_completed,
-            "requests_cancelled": self.counters.requests_cancelled,
-            "requests_failed": self.counters.requests_failed,
-            "prefix_lookups": c.lookups, "prefix_hits": c.hits, "prefix_misses": c.misses,
-            "prefix_reused_tokens": c.reused_tokens, "checkpoints_published": c.publications,
-            "checkpoint_evictions": c.evictions, "prompt_tokens": self.counters.prompt_tokens,
-            "generated_tokens": self.counters.generated_tokens,
-            "device_busy_seconds": self.counters.device_busy_ns * 1e-9,
-            "slots_live": s.num_live, "slots_free": s.slots.num_free, "slots_retiring": s.slots.num_retiring,
-            "pages_reusable": s.pages.num_free, "snapshots_reusable": s.rows.num_free,
-            "checkpoints_cached": c.cached_checkpoints, "pages_cached": c.cached_pages,
-            "requests_pending": s.num_queued + len(self._ingress),
-        }
-        for kind, count in s.launches.items():
-            out[f"launches.{_LAUNCH_NAMES[kind]}"] = count
-        return out
+        counters = self.counters
+        table = s.table
+        rows = tuple(RequestRow(req.rid, req.slot, int(table.generation[req.slot]), req.phase.name.lower(),
+                                req.prompt_len, req.reused, int(table.planned[req.slot]),
+                                int(table.num_out[req.slot]))
+                     for req in s.live.values() if req.slot)
+        self._stats = EngineStats(
+            requests_admitted=counters.requests_admitted, requests_completed=counters.requests_completed,
+            requests_cancelled=counters.requests_cancelled, requests_failed=counters.requests_failed,
+            prefix_lookups=c.lookups, prefix_hits=c.hits, prefix_misses=c.misses,
+            prefix_reused_tokens=c.reused_tokens, checkpoints_published=c.publications,
+            checkpoint_evictions=c.evictions, prompt_tokens=counters.prompt_tokens,
+            generated_tokens=counters.generated_tokens, device_busy_seconds=counters.device_busy_ns * 1e-9,
+            slots_live=s.num_live, slots_free=s.slots.num_free, slots_retiring=s.slots.num_retiring,
+            pages_reusable=s.pages.num_free, snapshots_reusable=s.rows.num_free,
+            checkpoints_cached=c.cached_checkpoints, pages_cached=c.cached_pages,
+            requests_pending=s.num_queued + len(self._ingress),
+            launches={_LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()}, requests=rows)
 
     # -- model thread -----------------------------------------------------------
 
@@ -242,12 +257,15 @@ class ModelRuntime:
             if self._fill_window(closing):
                 progressed = True
             if progressed:
+                self._publish_stats()
                 continue
             if ex.outstanding:
+                self._publish_stats()
                 done = ex.poll(BUSY_POLL_S)
                 if done is not None:
                     self._complete(done, closing)
             else:
+                self._publish_stats(force=True)  # idle: what readers see is exact
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
 
@@ -303,6 +321,14 @@ class ModelRuntime:
         self._publish(result, done)
 
     def _publish(self, result: StepResult, done: ExecutionCompletion) -> None:
+        self._is_publishing = True
+        try:
+            self._publish_step(result, done)
+        finally:
+            self._is_publishing = False
+        self._deliver_terminals()
+
+    def _publish_step(self, result: StepResult, done: ExecutionCompletion) -> None:
         by_rid: dict[int, list] = {}
         for rid, token, slot in zip(result.rids.tolist(), result.token_ids.tolist(), result.slots.tolist()):
             by_rid.setdefault(rid, []).append((token, slot))
@@ -361,10 +387,23 @@ class ModelRuntime:
         self._end(consumer, FinishEvent(reason, usage, stop))
 
     def _end(self, consumer: _Consumer, event) -> None:
+        """The consumer is done; its terminal event (if any) goes out after the statistics
+        that count it are published, so a client that reads them on its last event sees
+        itself counted. Within one step's publication the events wait for one publish."""
         consumer.is_done = True
         with self._lock:
             self._release(consumer)
         if event is not None:
+            self._terminals.append((consumer, event))
+            if not self._is_publishing:
+                self._deliver_terminals()
+
+    def _deliver_terminals(self) -> None:
+        if not self._terminals:
+            return
+        self._publish_stats(force=True)
+        terminals, self._terminals = self._terminals, []
+        for consumer, event in terminals:
             try:
                 consumer.sink(event)
             except Exception:  # noqa: BLE001 - a broken sink must not stop the model thread
@@ -387,6 +426,7 @@ class ModelRuntime:
             self._drained = True
         except BaseException:  # noqa: BLE001
             log.exception("executor drain failed; retaining prepared resources")
+            self._publish_stats(force=True)
             return
         self.scheduler.release_after_shutdown()
         with self._lock:
@@ -396,6 +436,7 @@ class ModelRuntime:
         for consumer in leftovers:
             if not consumer.is_done:
                 self._end(consumer, ErrorEvent(error))
+        self._publish_stats(force=True)
 
 
 _LAUNCH_NAMES = {

@@ -1,8 +1,7 @@
 """Prometheus metrics: the runtime's counters and gauges plus the HTTP side.
 
-``Engine.stats()`` returns a flat mapping of the names in :data:`ENGINE_COUNTERS`
-and :data:`ENGINE_GAUGES` (and ``launches.<graph kind>``); a missing key is
-exported as 0, so a runtime may grow into the list. The server adds HTTP and
+``Engine.stats()`` returns an :class:`~flare.engine.telemetry.EngineStats`, whose
+fields name every engine counter and gauge (and graph launches by kind). The server adds HTTP and
 frontend capacities, the listener's age, tokens generated in the most recent
 minute (sampled every five seconds) and three latency histograms. No metric
 carries a request label, prompt text or token IDs. docs/metrics.md lists every
@@ -17,49 +16,22 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from ..engine.telemetry import COUNTER, GAUGE, GRAPH_KINDS, EngineStats, stat_fields
 
 if TYPE_CHECKING:
     from .app import ServerState
 
 PREFIX = "flare_"
 
-# Engine.stats() counter keys -> help. Exported as flare_<key>_total.
-ENGINE_COUNTERS: dict[str, str] = {
-    "requests_admitted": "Requests admitted by the model runtime.",
-    "requests_completed": "Requests that finished successfully (stop or length).",
-    "requests_cancelled": "Requests cancelled before finishing (client disconnects included).",
-    "requests_failed": "Requests that ended with an execution failure.",
-    "prefix_lookups": "Prefix cache lookups, including admissions later rejected for resource pressure.",
-    "prefix_hits": "Prefix cache lookups that reused at least one cached token.",
-    "prefix_misses": "Prefix cache lookups that reused nothing.",
-    "prefix_reused_tokens": "Prompt tokens served from the prefix cache.",
-    "checkpoints_published": "Unique prefix checkpoints that became ready (duplicate proposals excluded).",
-    "checkpoint_evictions": "Logical evictions of cached checkpoints.",
-    "prompt_tokens": "Prompt tokens consumed by prefill (padding and prefix reuse excluded).",
-    "generated_tokens": "Output tokens committed, including EOS and tokens withheld by stop strings.",
-    "device_busy_seconds": "Measured device time of completed steps (CUDA events on a GPU).",
-}
-
-# Engine.stats() gauge keys -> help. Exported as flare_<key>.
-ENGINE_GAUGES: dict[str, str] = {
-    "slots_live": "Request slots holding a live request.",
-    "slots_free": "Request slots free for admission (retirement fences completed).",
-    "slots_retiring": "Request slots awaiting retirement of their final GPU use.",
-    "pages_reusable": "KV pages whose fences have completed and can be allocated.",
-    "snapshots_reusable": "Snapshot rows whose fences have completed and can be allocated.",
-    "checkpoints_cached": "Prefix checkpoints held by the cache.",
-    "pages_cached": "KV pages owned by cached checkpoints.",
-    "requests_pending": "Requests admitted by the model runtime and waiting for a slot.",
-}
-
-# Engine.stats() key prefix for successful graph launches, e.g. "launches.decode".
-LAUNCH_PREFIX = "launches."
-GRAPH_KINDS = ("initialize", "restore", "snapshot", "vision", "prefill", "scored_prefill",
-               "resume_sampling", "decode", "speculative", "mixed")
+# Engine statistics: every counter and gauge of flare.engine.telemetry.EngineStats,
+# exported as flare_<name>_total (counters) or flare_<name> (gauges).
+ENGINE_COUNTERS: dict[str, str] = {name: help_text for name, _, help_text in stat_fields(COUNTER)}
+ENGINE_GAUGES: dict[str, str] = {name: help_text for name, _, help_text in stat_fields(GAUGE)}
 
 # Latency buckets in seconds: a CPU demo model is slow, a GPU decode step is ~10 ms.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -154,7 +126,7 @@ class ServerMetrics:
     def sample_tokens(self, now: float | None = None) -> None:
         """Called every TOKEN_SAMPLE_INTERVAL_S by the server."""
         stats = self.state.read_engine_stats()
-        self.token_rate.sample(time.monotonic() if now is None else now, float(stats.get("generated_tokens", 0)))
+        self.token_rate.sample(time.monotonic() if now is None else now, float(stats.generated_tokens))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -169,18 +141,16 @@ class _StateCollector:
     def collect(self) -> Iterable[Metric]:
         metrics = self.metrics
         state = metrics.state
-        stats: Mapping[str, float] = state.read_engine_stats()
+        stats: EngineStats = state.read_engine_stats()
         for key, help_text in ENGINE_COUNTERS.items():
-            yield _counter(key, help_text, stats.get(key, 0))
+            yield _counter(key, help_text, getattr(stats, key))
         launches = CounterMetricFamily(f"{PREFIX}graph_launches", "Successful graph launches by graph kind.",
                                        labels=["kind"])
-        kinds = list(GRAPH_KINDS) + sorted(k[len(LAUNCH_PREFIX):] for k in stats
-                                           if k.startswith(LAUNCH_PREFIX) and k[len(LAUNCH_PREFIX):] not in GRAPH_KINDS)
-        for kind in kinds:
-            launches.add_metric([kind], float(stats.get(LAUNCH_PREFIX + kind, 0)))
+        for kind in list(GRAPH_KINDS) + sorted(k for k in stats.launches if k not in GRAPH_KINDS):
+            launches.add_metric([kind], float(stats.launches.get(kind, 0)))
         yield launches
         for key, help_text in ENGINE_GAUGES.items():
-            yield _gauge(key, help_text, stats.get(key, 0))
+            yield _gauge(key, help_text, getattr(stats, key))
         admission = state.admission
         yield _gauge("http_capacity", "HTTP admission capacity (queue_capacity + max_active).", admission.capacity)
         yield _gauge("http_admitted", "Requests holding an HTTP admission permit.", admission.num_in_use)

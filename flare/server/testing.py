@@ -37,6 +37,7 @@ import numpy as np
 
 from ..config import PAGE_TOKENS
 from ..engine.output import StopText
+from ..engine.telemetry import EngineStats
 from ..errors import AdmissionError, Error, ExecutionError, FrontendError
 from ..request import (ErrorEvent, EventSink, FinishEvent, ModelCard, PreparedPrompt, SamplingParams, TokenEvent,
                        TokenLogprob, Usage)
@@ -108,7 +109,8 @@ class FakeEngine:
         self._pending: deque[_Live] = deque()
         self._active: list[_Live] = []
         self._prompts: deque[np.ndarray] = deque(maxlen=MAX_REMEMBERED_PROMPTS)
-        self._stats: dict[str, float] = {}
+        self._stats: dict[str, float] = {}  # EngineStats counters by name
+        self._decode_steps = 0
         self._is_closed = False
         self.failure: ExecutionError | None = None  # set when the runtime cannot go on
         self._thread = threading.Thread(target=self._run, name="flare-fake-model", daemon=True)
@@ -214,13 +216,11 @@ class FakeEngine:
                 live.is_cancelled = True
                 self._lock.notify()
 
-    def stats(self) -> Mapping[str, float]:
+    def stats(self) -> EngineStats:
         with self._lock:
-            stats = dict(self._stats)
-            stats["slots_live"] = len(self._active)
-            stats["slots_free"] = self.max_active - len(self._active)
-            stats["requests_pending"] = len(self._pending)
-        return stats
+            return EngineStats(**self._stats, slots_live=len(self._active),
+                               slots_free=self.max_active - len(self._active), requests_pending=len(self._pending),
+                               launches={"decode": self._decode_steps})
 
     def shed_queued(self, error: Error) -> None:
         """End every request still waiting for a slot with ``error`` (shutdown)."""
@@ -268,7 +268,7 @@ class FakeEngine:
                 for live in done:
                     if live in self._active:
                         self._active.remove(live)
-                self._count("launches.decode")
+                self._decode_steps += 1
                 self._count("generated_tokens", len(active))
             if interval:
                 next_step += interval

@@ -74,7 +74,7 @@ def test_concurrent_requests_match_solo_runs(model):
         assert got == expected and len(got) == m
         assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length"
     stats = model.runtime.stats()
-    assert stats["launches.decode"] > 0
+    assert stats.launches["decode"] > 0
 
 
 def system_of_tokens(tok, n: int) -> str:
@@ -139,12 +139,12 @@ def test_cancel_mid_stream_frees_the_slot(model):
         time.sleep(0.01)
     ticket.cancel()
     deadline = time.monotonic() + 60
-    while model.runtime.stats()["slots_live"] != 0 or model.runtime.stats()["slots_retiring"] != 0:
+    while model.runtime.stats().slots_live != 0 or model.runtime.stats().slots_retiring != 0:
         assert time.monotonic() < deadline, model.runtime.stats()
         time.sleep(0.01)
     after = model.runtime.stats()
-    assert after["requests_cancelled"] == before["requests_cancelled"] + 1
-    assert after["slots_free"] == model.loaded.contract.max_active
+    assert after.requests_cancelled == before.requests_cancelled + 1
+    assert after.slots_free == model.loaded.contract.max_active
     n = len(events)
     time.sleep(0.2)
     assert len(events) == n  # nothing published after the cancellation
@@ -178,7 +178,7 @@ def test_a_cancel_gives_its_admission_capacity_back_at_once():
         second[2].cancel()
         assert third[1].wait(120) and isinstance(third[0][-1], FinishEvent), third[0][-1:]
         stats = m.runtime.stats()
-        assert stats["requests_cancelled"] == 22 and stats["requests_completed"] == 1, stats
+        assert stats.requests_cancelled == 22 and stats.requests_completed == 1, stats
         with m.runtime._lock:
             assert m.runtime._accepted == 0
         assert not first[1].is_set(), "a cancelled request gets no terminal event"

@@ -12,8 +12,9 @@ from flare.errors import AdmissionError, ExecutionError
 from flare.request import ErrorEvent, FinishEvent, SamplingParams, TokenEvent, Usage
 from flare.server.admission import FrontendPool, HttpAdmission
 from flare.server.app import ServerState
+from flare.engine.telemetry import EngineStats
 from flare.server.metrics import ENGINE_COUNTERS, ENGINE_GAUGES, TokenRate
-from flare.server.openai_schema import parse_chat, parse_completion
+from flare.server.api.openai.schema import parse_chat, parse_completion
 from flare.server.stream import EventDispatcher, EventStream
 from flare.server.testing import EOS_ID, FakeEngine, FakeEngineConfig
 
@@ -101,8 +102,8 @@ class _StatsEngine:
         return self._stats
 
 
-def test_metrics_export_every_name_and_missing_keys_as_zero():
-    state = ServerState(_StatsEngine({"requests_admitted": 5, "launches.prefill": 2, "launches.custom": 1}),
+def test_metrics_export_every_name_and_unset_ones_as_zero():
+    state = ServerState(_StatsEngine(EngineStats(requests_admitted=5, launches={"prefill": 2, "custom": 1})),
                         ServerConfig())
     text = state.metrics.render().decode()
     for key in ENGINE_COUNTERS:
@@ -289,7 +290,7 @@ def test_fake_engine_cancel_counts_and_frees_the_slot():
         events2, _ = _collect(engine, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
         assert isinstance(events2[-1], FinishEvent)
         stats = engine.stats()
-        assert stats["requests_cancelled"] == 1 and stats["slots_live"] == 0
+        assert stats.requests_cancelled == 1 and stats.slots_live == 0
         assert not any(isinstance(e, FinishEvent) for e in events)
     finally:
         engine.close()
@@ -301,12 +302,12 @@ def test_fake_engine_cancels_any_of_identical_requests():
         prompt = engine.prepare_text("same prompt")
         tickets = [engine.submit(prompt, SamplingParams(max_tokens=1000, ignore_eos=True), lambda e: None)
                    for _ in range(3)]
-        while engine.stats()["slots_live"] < 3:
+        while engine.stats().slots_live < 3:
             pass
         tickets[2].cancel()  # not first in the active list: removal must not compare prompts
         tickets[1].cancel()
         events, _ = _collect(engine, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
-        assert isinstance(events[-1], FinishEvent) and engine.stats()["requests_cancelled"] == 2
+        assert isinstance(events[-1], FinishEvent) and engine.stats().requests_cancelled == 2
         tickets[0].cancel()
     finally:
         engine.close()
