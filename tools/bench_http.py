@@ -1,7 +1,7 @@
 """HTTP server benchmark: Flare's server next to uvicorn in the same run.
 
 Both servers run as subprocesses on this machine with the same fake model
-(flare.server.testing.FakeEngine, steps back to back) behind the same Engine
+(flare.testing.fake_engine.FakeEngine, steps back to back) behind the same Engine
 interface; the reference is uvicorn with httptools + uvloop serving a raw ASGI
 app that answers the same routes with the same bytes (the ASGI app streams
 one ``http.response.body`` message per SSE event, as ASGI frameworks do, and
@@ -52,9 +52,9 @@ def uvicorn_main(port: int) -> None:
     import uvicorn
 
     from flare.request import ErrorEvent, FinishEvent, TokenEvent
-    from flare.server.openai_schema import parse_chat
+    from flare.server.api.openai.schema import parse_chat
     from flare.server.stream import EventDispatcher, EventStream
-    from flare.server.testing import FakeEngine, FakeEngineConfig
+    from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
 
     engine = FakeEngine(FakeEngineConfig(tokens_per_s=0, max_active=64, max_pending=1024))
     card = {"id": engine.card.id, "object": "model", "created": engine.card.created, "owned_by": "flare",
@@ -297,7 +297,7 @@ def main() -> None:
         return
 
     servers = {
-        "flare": [sys.executable, "-m", "flare.server.testing", "--port", "0", "--tokens-per-s", "0",
+        "flare": [sys.executable, "-m", "flare.testing.fake_engine", "--port", "0", "--tokens-per-s", "0",
                   "--model-slots", "64", "--model-queue", "1024", "--queue-capacity", "1024",
                   "--log-level", "warning"],
         "uvicorn": [sys.executable, str(Path(__file__).resolve()), "--uvicorn-app", str(_free_port())],

@@ -1,7 +1,7 @@
 """Servers under test and a raw HTTP client (shared by tests/server).
 
-``fake``: flare.server.testing.FakeEngine, in process (Server.start) or as a
-subprocess (``python -m flare.server.testing``) for signal tests.
+``fake``: flare.testing.fake_engine.FakeEngine, in process (Server.start) or as a
+subprocess (``python -m flare.testing.fake_engine``) for signal tests.
 ``demo``: a real ``flare-serve`` subprocess on the embedded demo core; on by
 default, skipped with FLARE_E2E_DEMO=0.
 ``core``: a real ``flare-serve CORE`` subprocess on the core directory named by
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from flare.config import EngineConfig, ServerConfig
 from flare.server.session import Server
-from flare.server.testing import FakeEngine, FakeEngineConfig
+from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
 
 REPO = Path(__file__).resolve().parents[2]
 # The demo kind runs by default (the real flare-serve on the SmolLM2 core); FLARE_E2E_DEMO=0 skips it.
@@ -136,7 +136,7 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
     if max_active:
         fake_flags += ["--model-slots", str(max_active)]
     if subprocess_mode:
-        return start_subprocess([sys.executable, "-m", "flare.server.testing", *flags, *fake_flags],
+        return start_subprocess([sys.executable, "-m", "flare.testing.fake_engine", *flags, *fake_flags],
                                 kind=kind, api_key=api_key)
     config = ServerConfig(host="127.0.0.1", port=0, api_key=api_key, queue_capacity=queue_capacity,
                           served_names=served_names, context_hint=context_hint, capacity_hint=capacity_hint,

@@ -16,7 +16,7 @@ from flare.config import ServerConfig
 from flare.errors import ExecutionError
 from flare.server.options import ConfigError, add_server_arguments, load_server_config
 from flare.server.session import Server, StartupProgress
-from flare.server.testing import FakeEngine, FakeEngineConfig
+from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
 from server_harness import assert_error, get_json, launch, post_json, request
 
 CHAT = [{"role": "user", "content": "Stream for a while please"}]
@@ -93,7 +93,7 @@ def test_runtime_failure_exits_1(engine_kind, fake_only):
 
 def test_startup_failure_exits_1():
     import subprocess
-    proc = subprocess.run([sys.executable, "-m", "flare.server.testing", "--port", "0", "--model-slots", "0"],
+    proc = subprocess.run([sys.executable, "-m", "flare.testing.fake_engine", "--port", "0", "--model-slots", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "could not start" in proc.stderr
 
@@ -105,7 +105,7 @@ def test_bind_failure_exits_1():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "flare.server.testing", "--port", str(port)],
+        proc = subprocess.run([sys.executable, "-m", "flare.testing.fake_engine", "--port", str(port)],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "could not listen" in proc.stderr
 
@@ -224,7 +224,7 @@ def test_systemd_notify_ready_and_stopping(tmp_path, engine_kind):
 
 def launch_with_env(kind, env):
     from server_harness import FLARE_SERVE, start_subprocess
-    argv = [*FLARE_SERVE] if kind == "demo" else [sys.executable, "-m", "flare.server.testing"]
+    argv = [*FLARE_SERVE] if kind == "demo" else [sys.executable, "-m", "flare.testing.fake_engine"]
     return start_subprocess([*argv, "--port", "0"], kind=kind, env=env)
 
 

@@ -16,7 +16,7 @@ from flare.engine.telemetry import EngineStats
 from flare.server.metrics import ENGINE_COUNTERS, ENGINE_GAUGES, TokenRate
 from flare.server.api.openai.schema import parse_chat, parse_completion
 from flare.server.stream import EventDispatcher, EventStream
-from flare.server.testing import EOS_ID, FakeEngine, FakeEngineConfig
+from flare.testing.fake_engine import EOS_ID, FakeEngine, FakeEngineConfig
 
 USER = [{"role": "user", "content": "hi"}]
 

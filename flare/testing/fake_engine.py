@@ -19,7 +19,7 @@ docs/metrics.md. Two markers in the prompt inject failures:
 (``failure``, which makes the server exit 1), ``FLARE_FAKE_TEMPLATE_ERROR``
 makes chat preparation raise a FrontendError.
 
-``python -m flare.server.testing`` serves it through :func:`flare.server.app.serve`
+``python -m flare.testing.fake_engine`` serves it through :func:`flare.server.app.serve`
 (used by the subprocess lifecycle tests and the benchmark).
 """
 
@@ -370,10 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import os
 
-    from .session import serve
-    from .options import add_server_arguments, load_server_config
+    from ..server.options import add_server_arguments, load_server_config
+    from ..server.session import serve
 
-    parser = argparse.ArgumentParser(prog="python -m flare.server.testing", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m flare.testing.fake_engine", description=main.__doc__)
     add_server_arguments(parser)
     parser.add_argument("--tokens-per-s", type=float, default=FakeEngineConfig.tokens_per_s)
     parser.add_argument("--model-slots", type=int, default=FakeEngineConfig.max_active)
