@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from ..config import PAGE_TOKENS
-from ..errors import ExecutionError
 from ..contract import RECORD_META, RECORD_TOKENS, GraphKind, PreparedContract
+from ..errors import ExecutionError
 
 HOST = "host"  # pinned or pageable host memory, addressed by the CPU
 DEVICE = "device"  # device memory on the manifest's CUDA context

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from flare.contract import RECORD_FIELDS, RECORD_META, GraphKind, PreparedContract
 from flare.errors import ExecutionError
 from flare.execution.manifest import (
     DEVICE, HOST, REQUIRED_BUFFERS, VIEW_ALIGNMENT, BufferView, CompletionGeometry, ExecutionManifest, GraphEntry,
     ManifestError,
 )
-from flare.contract import RECORD_FIELDS, RECORD_META, GraphKind, PreparedContract
 
 CONTRACT = PreparedContract.build(max_active=4, context=256, prefill_chunk_size=128, num_pages=16,
                                   num_snapshot_rows=2, vocab_size=64, hidden_size=32)

@@ -8,8 +8,8 @@ import weakref
 import pytest
 import torch
 
-from flare.errors import ExecutionError
 from flare.contract import REC_CONSUMED, REC_SLOT, REC_TOKEN0, GraphKind
+from flare.errors import ExecutionError
 from flare.request import SamplingParams
 from tests.model.harness import Harness, save_tiny
 from tests.model.test_parity_tiny import _make, _prompt

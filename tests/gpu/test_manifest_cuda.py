@@ -17,9 +17,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("cuda.bindings")
 
+from flare.contract import REC_KIND, REC_SLOT, GraphKind, PreparedContract  # noqa: E402
 from flare.execution.manifest import DEVICE, HOST, ExecutionManifest, ManifestError  # noqa: E402
 from flare.execution.replay import GraphReplayWorker, current_context  # noqa: E402
-from flare.contract import REC_KIND, REC_SLOT, GraphKind, PreparedContract  # noqa: E402
 from tests.gpu.graphs import capture  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -14,10 +14,10 @@ import torch
 from tokenizers import Tokenizer, models
 
 from flare.config import EngineConfig
+from flare.contract import REC_CONSUMED, REC_TOKEN0, GraphKind
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.execution.cpu import CpuExecutor
-from flare.contract import REC_CONSUMED, REC_TOKEN0, GraphKind
 from flare.model.inputs import Inputs
 from flare.model.loader import load_model
 from flare.request import SamplingParams

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from flare.execution.fake import FakeExecutor
 from flare.contract import REC_GENERATION, GraphKind
+from flare.execution.fake import FakeExecutor
 from flare.model.inputs import pack_step
 from flare.scheduler.errors import CapacityError, CompletionError, StalePlanError
 from flare.scheduler.plan import Phase

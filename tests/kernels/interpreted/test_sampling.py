@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flare.model import sampling as reference
 from flare.contract import SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
+from flare.model import sampling as reference
 from flare.model.kernels import KernelInputError
 from flare.model.kernels.sampling import greedy_tokens
 
