@@ -5,7 +5,7 @@ most two submissions in flight (the two-frame window):
 
 - ``can_submit()`` is true while a frame is free; ``next_fence`` is the fence
   the next submission will carry (fences are a single monotonic timeline).
-- ``submit(graph_index, uploads)`` copies each ``(buffer, byte_offset, data)``
+- ``submit(graph_index, uploads, grammar_constrained=False)`` copies each ``(buffer, byte_offset, data)``
   range into a free host frame, then (asynchronously) uploads the ranges and
   runs the graph. Buffers not named keep their device contents.
 - ``poll(timeout)`` returns the next :class:`ExecutionCompletion` in fence order
@@ -86,20 +86,36 @@ def upload_size(capacities: dict[str, int], name: str, offset: int, data) -> int
 
 
 class Executor(Protocol):
-    @property
-    def next_fence(self) -> int: ...
+    """What the runtime drives; CpuExecutor, GraphExecutor and FakeExecutor implement every
+    member with these parameters (tests/execution/test_protocol.py checks the signatures)."""
 
     @property
-    def outstanding(self) -> int: ...
+    def next_fence(self) -> int:
+        """The fence the next submission will carry."""
+
+    @property
+    def outstanding(self) -> int:
+        """Submissions whose completion poll has not returned yet (at most FRAMES)."""
 
     @property
     def completed_fence(self) -> int:
         """The highest fence whose completion has been returned by poll."""
 
-    def can_submit(self) -> bool: ...
+    def can_submit(self) -> bool:
+        """A frame is free, the executor is neither poisoned nor closed, and no
+        grammar-constrained step is in flight."""
 
-    def submit(self, graph_index: int, uploads: Sequence[Upload]) -> int: ...
+    def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
+        """Upload the ranges and run the graph; returns its fence.
 
-    def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None: ...
+        ``grammar_constrained`` is reserved for structured output (the spec's grammar
+        submission): such a step needs an empty window and blocks further submissions
+        until its completion has been polled, since the next token's mask depends on it.
+        Nothing passes True yet."""
 
-    def close(self) -> None: ...
+    def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
+        """The oldest submission's completion once its outputs are on the host, waiting up to
+        ``timeout`` seconds; None if it is not back yet."""
+
+    def close(self) -> None:
+        """Drain, then release the frames. Idempotent."""

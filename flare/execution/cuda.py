@@ -25,8 +25,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..contract import Upload
 from ..errors import ExecutionError
-from .base import FRAMES, ExecutionCompletion, FenceTimeline, Upload, check_submission, upload_size
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission, upload_size
+
 _POLL_SLEEP_S = 0.0002
 
 Progress = Callable[[str], None]

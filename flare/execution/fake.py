@@ -33,7 +33,7 @@ from ..contract import (
     REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract, Upload,
 )
 from ..errors import ExecutionError
-from .base import FRAMES, ExecutionCompletion, FenceTimeline
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -76,19 +76,23 @@ class FakeExecutor(FenceTimeline):
         self.fail_at_fence: int | None = None
         self.submissions: list[tuple[int, GraphKind, int]] = []  # (fence, kind, upload bytes)
         self.closed = False
+        self._grammar_fence = 0  # in-flight grammar-constrained step (0: none)
 
     @property
     def outstanding(self) -> int:
         return len(self._queue)
 
     def can_submit(self) -> bool:
-        return len(self._queue) < FRAMES and self.poison is None and not self.closed
+        return (len(self._queue) < FRAMES and self.poison is None and not self.closed
+                and self._grammar_fence == 0)
 
-    def submit(self, graph_index: int, uploads: Sequence[Upload]) -> int:
-        if self.poison is not None:
-            raise ExecutionError(f"executor is poisoned: {self.poison}")
-        if len(self._queue) >= FRAMES:
-            raise ExecutionError("both frames are in flight; poll before submitting again")
+    def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
+        """Run one graph now; returns its fence. ``grammar_constrained`` (reserved for structured
+        output) follows the other executors' rule: an empty window, and nothing else until its
+        completion has been polled."""
+        check_submission(poison=self.poison, closed=self.closed, grammar_fence=self._grammar_fence,
+                         grammar_constrained=grammar_constrained, outstanding=len(self._queue),
+                         window_full=len(self._queue) >= FRAMES)
         graph = self.contract.graphs[graph_index]
         fence = self._next_fence
         self._next_fence += 1
@@ -116,6 +120,8 @@ class FakeExecutor(FenceTimeline):
                                                duration_ns, error))
         if not self.manual and self.device_time is None:
             self._ready = len(self._queue)
+        if grammar_constrained:
+            self._grammar_fence = fence
         return fence
 
     def step(self, count: int = 1) -> None:
@@ -139,6 +145,8 @@ class FakeExecutor(FenceTimeline):
         self._ready -= 1
         done = self._queue.popleft()
         self._completed_fence = done.fence
+        if self._grammar_fence == done.fence:
+            self._grammar_fence = 0
         return done
 
     def close(self) -> None:
