@@ -7,7 +7,11 @@ a GGUF file exports through the same path as any checkpoint directory.
 llama.cpp's converter permutes the rows of q/k projections of llama-family
 models (it stores RoPE pairs interleaved, (x0, x1), (x2, x3), ...); Hugging
 Face's rotate-half convention pairs x_i with x_{i+D/2}. ``_unpermute`` is the
-inverse of that reordering. Qwen2/Qwen3 GGUFs are stored unpermuted.
+inverse of that reordering. Which GGUF architectures import, as which Hugging
+Face architecture, and whether their q/k rows are permuted, each family declares
+(flare/model/architectures/: ``gguf_architecture``, ``gguf_permuted_qk``);
+Qwen2/Qwen3 GGUFs are stored unpermuted. The tensor names below are llama.cpp's,
+shared by every family.
 """
 
 from __future__ import annotations
@@ -22,15 +26,10 @@ from typing import Callable
 import numpy as np
 
 from ..errors import FrontendError
+from ..model import architectures
+from ..model.architectures import Architecture
 
 Progress = Callable[[str], None]
-
-# GGUF general.architecture -> (HF architecture, HF model_type, metadata prefix)
-_ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-}
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -81,9 +80,7 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _hf_config(reader, arch: str, tensor_names: set[str], tokenizer) -> dict:
-    hf_arch, model_type = _ARCHITECTURES[arch]
-
+def _hf_config(reader, arch: str, family: Architecture, tensor_names: set[str], tokenizer) -> dict:
     def meta(key, default=None):
         return _field(reader, f"{arch}.{key}", default)
 
@@ -92,8 +89,8 @@ def _hf_config(reader, arch: str, tensor_names: set[str], tokenizer) -> dict:
     vocab = int(meta("vocab_size", 0)) or len(reader.fields["tokenizer.ggml.tokens"].data)
     key_length = meta("attention.key_length")
     config = {
-        "architectures": [hf_arch],
-        "model_type": model_type,
+        "architectures": [family.hf_architectures[0]],
+        "model_type": family.family,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": int(meta("feed_forward_length")),
@@ -135,9 +132,10 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None
     except Exception as exc:  # gguf raises ValueError/struct errors on bad files
         raise FrontendError(f"{gguf_path} is not a readable GGUF file: {exc}") from None
     arch = _field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
+    family = architectures.for_gguf(arch)
+    if family is None:
         raise FrontendError(
-            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}")
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(architectures.gguf_names())}")
     tensor_names = {t.name for t in reader.tensors}
     for t in reader.tensors:
         if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
@@ -145,7 +143,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None
                 f"unsupported GGUF tensor type {t.tensor_type.name} for {t.name}; "
                 f"supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")
     tokenizer = convert_gguf_tokenizer(reader)
-    config = _hf_config(reader, arch, tensor_names, tokenizer)
+    config = _hf_config(reader, arch, family, tensor_names, tokenizer)
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
 
     tensors: dict[str, np.ndarray] = {}
@@ -159,9 +157,9 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None
             w = w.astype(np.float16)
         else:
             w = w.astype(np.float32)
-        if arch == "llama" and t.name.endswith("attn_q.weight"):
+        if family.gguf_permuted_qk and t.name.endswith("attn_q.weight"):
             w = _unpermute(w, heads)
-        elif arch == "llama" and t.name.endswith("attn_k.weight"):
+        elif family.gguf_permuted_qk and t.name.endswith("attn_k.weight"):
             w = _unpermute(w, kv_heads)
         tensors[name] = np.ascontiguousarray(w)
         if n % 50 == 0 or n == total:

@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 from ..config import MAX_ACTIVE_LIMIT, PAGE_TOKENS
 from ..errors import CoreError
-from ..model.spec import SUPPORTED_ARCHITECTURES, ModelSpec
+from ..model import architectures
+from ..model.spec import ModelSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -129,11 +130,12 @@ def check_recipe(recipe: _Fields) -> dict[str, Any]:
     known = {f.name: f for f in fields(ModelSpec)}
     recipe.only(known)
     arch = recipe.text("architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        recipe.fail("architecture", f"must be one of {', '.join(SUPPORTED_ARCHITECTURES)}, got {_shown(arch)}")
+    claimant = architectures.for_hf(arch)
+    if claimant is None:
+        recipe.fail("architecture", f"must be one of {', '.join(architectures.hf_names())}, got {_shown(arch)}")
     family = recipe.text("family")
-    if family != SUPPORTED_ARCHITECTURES[arch]:
-        recipe.fail("family", f"must be {_shown(SUPPORTED_ARCHITECTURES[arch])} for {arch}, got {_shown(family)}")
+    if family != claimant.family:
+        recipe.fail("family", f"must be {_shown(claimant.family)} for {arch}, got {_shown(family)}")
     dims = {key: recipe.count(key) for key in RECIPE_COUNTS}
     if dims["num_heads"] % dims["num_kv_heads"]:
         recipe.fail("num_heads", f"{dims['num_heads']} must be a multiple of "

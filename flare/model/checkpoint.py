@@ -1,8 +1,10 @@
 """Reading Hugging Face checkpoints into the runtime weight layout.
 
-The runtime layout fuses what the kernels read together: one ``qkv`` matrix
-``[(H + 2*Hkv) * D, hidden]`` (and bias), one ``gate_up`` matrix
-``[2 * I, hidden]``. Names (also used inside a core's weights file)::
+The layout is the family's (flare/model/architectures/): which tensors exist,
+their Hugging Face sources and shapes. For the dense families it fuses what the
+kernels read together: one ``qkv`` matrix ``[(H + 2*Hkv) * D, hidden]`` (and
+bias), one ``gate_up`` matrix ``[2 * I, hidden]``. Names (also used inside a
+core's weights file)::
 
     embed, norm, lm_head (absent when tied)
     layers.{i}.attn_norm, .qkv, .qkv_bias, .q_norm, .k_norm, .o,
@@ -19,6 +21,8 @@ import torch
 from safetensors import safe_open
 
 from ..errors import FrontendError
+from . import architectures
+from .architectures import Entry, Linear
 from .spec import ModelSpec
 
 Progress = Callable[[str], None]
@@ -87,65 +91,49 @@ def iter_runtime_weights(path: Path, spec: ModelSpec, dtype: torch.dtype,
     Streams layer by layer so peak memory stays near one layer beyond the output.
     """
     src = _TensorSource(Path(path))
-    h, d = spec.hidden_size, spec.head_dim
-    q, kv, inter = spec.q_size, spec.kv_size, spec.intermediate_size
+    arch = architectures.get(spec.family)
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return _check_shape(name, src.get(name), shape).to(dtype).contiguous()
 
-    yield "embed", get("model.embed_tokens.weight", (spec.vocab_size, h))
+    def read(entries: tuple[Entry, ...], source: str = "", out: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+        for e in entries:
+            if not isinstance(e, Linear):
+                yield out + e.name, get(source + e.source, e.shape)
+                continue
+            yield out + e.name, _fused([get(f"{source}{s}.weight", (rows, e.in_features))
+                                         for s, rows in zip(e.sources, e.parts)])
+            if e.bias:
+                yield out + e.bias_name, _fused([get(f"{source}{s}.bias", (rows,))
+                                                 for s, rows in zip(e.sources, e.parts)])
+
+    yield from read(arch.embedding(spec))
+    layer = arch.layer(spec)
     for i in range(spec.num_layers):
-        p = f"model.layers.{i}."
-        out = f"layers.{i}."
-        yield out + "attn_norm", get(p + "input_layernorm.weight", (h,))
-        yield out + "qkv", torch.cat([
-            get(p + "self_attn.q_proj.weight", (q, h)),
-            get(p + "self_attn.k_proj.weight", (kv, h)),
-            get(p + "self_attn.v_proj.weight", (kv, h)),
-        ])
-        if spec.qkv_bias:
-            yield out + "qkv_bias", torch.cat([
-                get(p + "self_attn.q_proj.bias", (q,)),
-                get(p + "self_attn.k_proj.bias", (kv,)),
-                get(p + "self_attn.v_proj.bias", (kv,)),
-            ])
-        if spec.qk_norm:
-            yield out + "q_norm", get(p + "self_attn.q_norm.weight", (d,))
-            yield out + "k_norm", get(p + "self_attn.k_norm.weight", (d,))
-        yield out + "o", get(p + "self_attn.o_proj.weight", (h, q))
-        yield out + "mlp_norm", get(p + "post_attention_layernorm.weight", (h,))
-        yield out + "gate_up", torch.cat([
-            get(p + "mlp.gate_proj.weight", (inter, h)),
-            get(p + "mlp.up_proj.weight", (inter, h)),
-        ])
-        yield out + "down", get(p + "mlp.down_proj.weight", (h, inter))
+        yield from read(layer, arch.hf_layer_prefix.format(i=i), f"layers.{i}.")
         if progress and (i + 1) % max(1, spec.num_layers // 4) == 0:
             progress(f"read layer {i + 1}/{spec.num_layers}")
-    yield "norm", get("model.norm.weight", (h,))
-    if not spec.tie_word_embeddings:
-        yield "lm_head", get("lm_head.weight", (spec.vocab_size, h))
+    yield from read(arch.head(spec))
+
+
+def _fused(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _shapes(entries: tuple[Entry, ...], prefix: str = "") -> Iterator[tuple[str, tuple[int, ...]]]:
+    for e in entries:
+        yield prefix + e.name, tuple(e.shape)
+        if isinstance(e, Linear) and e.bias:
+            yield prefix + e.bias_name, (e.out_features,)
 
 
 def runtime_weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """The exact set of runtime tensors a core must contain, with shapes."""
-    h, d, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
-    qkv = spec.q_size + 2 * spec.kv_size
-    shapes: dict[str, tuple[int, ...]] = {"embed": (spec.vocab_size, h), "norm": (h,)}
-    if not spec.tie_word_embeddings:
-        shapes["lm_head"] = (spec.vocab_size, h)
+    arch = architectures.get(spec.family)
+    shapes = dict(_shapes(arch.embedding(spec) + arch.head(spec)))
+    layer = arch.layer(spec)
     for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        shapes[p + "attn_norm"] = (h,)
-        shapes[p + "qkv"] = (qkv, h)
-        if spec.qkv_bias:
-            shapes[p + "qkv_bias"] = (qkv,)
-        if spec.qk_norm:
-            shapes[p + "q_norm"] = (d,)
-            shapes[p + "k_norm"] = (d,)
-        shapes[p + "o"] = (h, spec.q_size)
-        shapes[p + "mlp_norm"] = (h,)
-        shapes[p + "gate_up"] = (2 * inter, h)
-        shapes[p + "down"] = (h, inter)
+        shapes.update(_shapes(layer, f"layers.{i}."))
     return shapes
 
 

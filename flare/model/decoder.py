@@ -1,7 +1,10 @@
 """The decoder forward pass over the paged KV cache.
 
-One class serves Llama, Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm). Weights are in
-the runtime layout of :mod:`flare.model.checkpoint`. ``forward`` has static
+One class serves every registered family (flare/model/architectures/): Llama,
+Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm), as the family's ``LayerFeatures`` say.
+Weights are in the family's runtime layout (:mod:`flare.model.checkpoint`); every
+projection the forward multiplies by is one of the layout's ``Linear`` entries,
+the seam where tensor-parallel sharding plugs in. ``forward`` has static
 shapes for a given (B, Q, Pmax) and no data-dependent Python control flow, so it
 runs eagerly on the CPU and is captured into CUDA graphs unchanged; only the
 attention function is swapped for a kernel on the GPU.
@@ -15,6 +18,8 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
+from . import architectures
+from .architectures import LayerFeatures
 from .attention import AttentionBatch, KVCache, paged_attention_reference, write_kv
 from .layers import apply_rope, rms_norm, rope_table, silu_mul
 from .spec import ModelSpec
@@ -130,12 +135,20 @@ class Decoder:
         self.rope_cos, self.rope_sin = cos, sin
         self.ops = ops
         self.scale = spec.head_dim ** -0.5
-        self.layers = [self._layer_weights(i) for i in range(spec.num_layers)]
+        self.arch = architectures.get(spec.family)
+        features = self.arch.features(spec)
+        self.layers = [self._layer_weights(i, features) for i in range(spec.num_layers)]
 
-    def _layer_weights(self, i: int) -> dict[str, torch.Tensor | None]:
-        p = f"layers.{i}."
-        return {name: self.w.get(p + name) for name in
-                ("attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "mlp_norm", "gate_up", "down")}
+    def _layer_weights(self, i: int, features: LayerFeatures) -> dict[str, torch.Tensor | None]:
+        """The tensors one layer's forward reads; None where the family's layer lacks a feature."""
+        def w(name: str) -> torch.Tensor:
+            return self.w[f"layers.{i}.{name}"]
+
+        return {
+            "attn_norm": w("attn_norm"), "qkv": w("qkv"), "qkv_bias": w("qkv_bias") if features.qkv_bias else None,
+            "q_norm": w("q_norm") if features.qk_norm else None, "k_norm": w("k_norm") if features.qk_norm else None,
+            "o": w("o"), "mlp_norm": w("mlp_norm"), "gate_up": w("gate_up"), "down": w("down"),
+        }
 
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, kv: KVCache,
                 sample_index: torch.Tensor | None = None) -> torch.Tensor:
