@@ -6,8 +6,11 @@ frontend pool, metrics). :class:`Application` implements the protocol's
 route, checks the bearer token and, for generation routes, takes an HTTP
 admission permit (429 when none is left, 503 while admission is paused),
 all before the body is read. Route tables are installed per API family
-(``openai_routes.install``; Anthropic and Ollama families add their own), so
-new routes slot in without touching the protocol.
+(server/api/*, listed in ``session.FAMILIES``), so new routes slot in without
+touching the protocol. Each route carries its family's :class:`ErrorRenderer`:
+errors decided for a route (auth, admission, anything its handler raises)
+answer in that family's shape; errors that belong to no route (unknown path or
+method, protocol-level errors) answer in OpenAI's, the default.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Protocol
 
 from ..config import MAX_ACTIVE_LIMIT, ServerConfig
 from ..errors import Error
+from ..frontend import parsers
 from .admission import FrontendPool, HttpAdmission
+from .api.openai.errors import error_response as openai_error_response
 from ..engine.base import Engine
+from ..engine.telemetry import EngineStats
 from .metrics import ServerMetrics
 from .protocol import HttpConnection, HttpRequest, ProtocolLimits
 from .response import Response
@@ -33,24 +39,21 @@ log = logging.getLogger("flare.server")
 
 Handler = Callable[[HttpRequest, HttpConnection], "Response | Awaitable[Response | None]"]
 
-ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 414: "invalid_request_error",
-    429: "rate_limit_error", 431: "invalid_request_error", 500: "server_error", 503: "service_unavailable_error",
-}
+
+class ErrorRenderer(Protocol):
+    """A route family's error shape: the response for a status, message, code and param."""
+
+    def __call__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> Response: ...
+
+
+# Errors that belong to no route (unknown paths and methods, protocol-level errors).
+DEFAULT_ERRORS: ErrorRenderer = openai_error_response
 # Error codes whose message gets the configured capacity_hint / context_hint.
 CAPACITY_CODES = frozenset({"http_capacity_exhausted", "model_capacity_exhausted", "worker_unavailable",
                             "shutting_down", "admission_paused"})
 CONTEXT_CODES = frozenset({"context_length_exceeded"})
 BODY_BYTES_PER_TOKEN = 32  # a context token's worth of request JSON (ServerConfig.max_body_bytes)
-
-
-def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
-                   headers: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
-    """OpenAI-style error JSON: {"error": {"message", "type", "param", "code"}}."""
-    payload = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param,
-                         "code": code}}
-    return Response.json(status, payload, headers)
 
 
 def _with_hint(message: str, hint: str) -> str:
@@ -85,6 +88,9 @@ class ServerState:
         self.listen_started: float | None = None  # monotonic
         self.is_draining = False  # shutting down: no new generation requests
         self.generations: set[Any] = set()  # ActiveGenerations, ended with an error event if the grace runs out
+        # The served model's output parser for chat routes (frontend/parsers); chosen
+        # from the core's frontend settings once parsers beyond plain exist.
+        self.output_parser = parsers.PLAIN
         self._dispatcher: EventDispatcher | None = None
 
     @property
@@ -97,33 +103,35 @@ class ServerState:
     def seconds_since_listen(self) -> float:
         return 0.0 if self.listen_started is None else time.monotonic() - self.listen_started
 
-    def read_engine_stats(self) -> Mapping[str, float]:
+    def read_engine_stats(self) -> EngineStats:
         try:
             return self.engine.stats()
         except Exception:  # a scrape must not fail because the runtime is gone
             log.exception("engine.stats() failed")
-            return {}
+            return EngineStats()
 
-    def error_for(self, exc: Error) -> Response:
-        """The response for a typed error, with the configured hints appended."""
+    def error_for(self, exc: Error, errors: ErrorRenderer = DEFAULT_ERRORS) -> Response:
+        """The response for a typed error in ``errors``' shape, with the configured hints appended."""
         message = exc.message
         if exc.code in CAPACITY_CODES:
             message = _with_hint(message, self.config.capacity_hint)
         elif exc.code in CONTEXT_CODES:
             message = _with_hint(message, self.config.context_hint)
         headers = ((b"retry-after", b"1"),) if exc.status in (429, 503) else ()
-        return error_response(exc.status, message, code=exc.code, param=exc.param, headers=headers)
+        return errors(exc.status, message, code=exc.code, param=exc.param, headers=headers)
 
 
 class Route:
-    """A handler and what must happen before its body is read."""
+    """A handler, what must happen before its body is read, and its family's error shape."""
 
-    __slots__ = ("handler", "needs_auth", "is_generation")
+    __slots__ = ("handler", "needs_auth", "is_generation", "errors")
 
-    def __init__(self, handler: Handler, needs_auth: bool, is_generation: bool):
+    def __init__(self, handler: Handler, needs_auth: bool, is_generation: bool,
+                 errors: ErrorRenderer = DEFAULT_ERRORS):
         self.handler = handler
         self.needs_auth = needs_auth
         self.is_generation = is_generation  # takes an HTTP admission permit
+        self.errors = errors
 
 
 class Router:
@@ -133,15 +141,18 @@ class Router:
         self._exact: dict[str, dict[str, Route]] = {}
         self._prefixes: list[tuple[str, dict[str, Route]]] = []
 
-    def add(self, method: str, path: str, handler: Handler, *, auth: bool = True, generation: bool = False) -> None:
-        self._exact.setdefault(path, {})[method] = Route(handler, auth, generation)
+    def add(self, method: str, path: str, handler: Handler, *, auth: bool = True, generation: bool = False,
+            errors: ErrorRenderer = DEFAULT_ERRORS) -> None:
+        self._exact.setdefault(path, {})[method] = Route(handler, auth, generation, errors)
 
-    def add_prefix(self, method: str, prefix: str, handler: Handler, *, auth: bool = True) -> None:
+    def add_prefix(self, method: str, prefix: str, handler: Handler, *, auth: bool = True,
+                   errors: ErrorRenderer = DEFAULT_ERRORS) -> None:
+        route = Route(handler, auth, False, errors)
         for known, routes in self._prefixes:
             if known == prefix:
-                routes[method] = Route(handler, auth, False)
+                routes[method] = route
                 return
-        self._prefixes.append((prefix, {method: Route(handler, auth, False)}))
+        self._prefixes.append((prefix, {method: route}))
         self._prefixes.sort(key=lambda item: -len(item[0]))
 
     def resolve(self, method: str, path: str) -> tuple[Route | None, str | None, tuple[str, ...]]:
@@ -172,31 +183,31 @@ class Application:
         route, tail, methods = self.router.resolve(request.method, request.path)
         if route is None:
             if methods:
-                response = error_response(405, f"method {request.method} is not allowed on {request.path}",
+                response = DEFAULT_ERRORS(405, f"method {request.method} is not allowed on {request.path}",
                                           code="method_not_allowed",
                                           headers=((b"allow", ", ".join(methods).encode()),))
             else:
-                response = error_response(404, f"no route for {request.method} {request.path}", code="not_found")
+                response = DEFAULT_ERRORS(404, f"no route for {request.method} {request.path}", code="not_found")
             return self._count(response)
         request.route = route
         request.params = {"tail": tail} if tail is not None else None
         if route.needs_auth and self._api_key is not None and not self._is_authorized(request):
-            return self._count(error_response(401, "missing or invalid bearer token (Authorization: Bearer KEY)",
-                                              code="invalid_api_key",
-                                              headers=((b"www-authenticate", b"Bearer"),)))
+            return self._count(route.errors(401, "missing or invalid bearer token (Authorization: Bearer KEY)",
+                                            code="invalid_api_key", headers=((b"www-authenticate", b"Bearer"),)))
         if route.is_generation:
             state = self.state
             if state.is_draining or state.admission.is_paused:
                 reason = "the server is shutting down" if state.is_draining else "admission is paused"
                 state.admission.num_refused_paused += 1
-                return self._count(error_response(503, f"{reason}; not accepting generation requests",
-                                                  code="admission_paused", headers=((b"retry-after", b"1"),)))
+                return self._count(route.errors(503, f"{reason}; not accepting generation requests",
+                                                code="admission_paused", headers=((b"retry-after", b"1"),)))
             permit = state.admission.try_acquire()
             if permit is None:
                 admission = state.admission
                 return self._count(state.error_for(Error(
                     f"HTTP admission capacity exhausted: {admission.num_in_use} of {admission.capacity} requests "
-                    f"in progress (queue_capacity + max_active)", status=429, code="http_capacity_exhausted")))
+                    f"in progress (queue_capacity + max_active)", status=429, code="http_capacity_exhausted"),
+                    route.errors))
             request.permit = permit
         return None
 
@@ -210,19 +221,20 @@ class Application:
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self._api_key)
 
     def handle(self, request: HttpRequest, conn: HttpConnection) -> "Response | Awaitable[Response | None]":
+        route = request.route
         try:
-            result = request.route.handler(request, conn)
+            result = route.handler(request, conn)
         except Error as exc:
-            return self._count(self.state.error_for(exc))
+            return self._count(self.state.error_for(exc, route.errors))
         if type(result) is Response:
             return self._count(result)
-        return self._finish_async(result)
+        return self._finish_async(result, route.errors)
 
-    async def _finish_async(self, pending: Awaitable[Response | None]) -> Response | None:
+    async def _finish_async(self, pending: Awaitable[Response | None], errors: ErrorRenderer) -> Response | None:
         try:
             response = await pending
         except Error as exc:
-            response = self.state.error_for(exc)
+            response = self.state.error_for(exc, errors)
         if response is not None:
             self._count(response)
         return response
@@ -242,7 +254,8 @@ class Application:
         return Response(200, self.state.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
 
     def error_response(self, status: int, message: str) -> Response:
-        return self._count(error_response(status, message, code=f"http_{status}"))
+        """Protocol-level errors (HttpApp): no route decided them, so the default shape."""
+        return self._count(DEFAULT_ERRORS(status, message, code=f"http_{status}"))
 
     def _count(self, response: Response) -> Response:
         self.state.metrics.count_response(response.status)

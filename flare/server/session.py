@@ -28,15 +28,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Union
 
 import uvloop
 
 from ..config import ServerConfig
 from ..errors import Error
-from . import openai_routes
+from .api import openai
 from .app import Application, Router, ServerState
 from ..engine.base import Engine
+from ..engine.telemetry import EngineStats
 from .metrics import TOKEN_SAMPLE_INTERVAL_S
 from .protocol import HttpConnection
 from .response import refresh_date
@@ -44,6 +45,8 @@ from .response import refresh_date
 log = logging.getLogger("flare.server")
 
 TICK_S = 1.0  # deadline granularity for request and keep-alive timeouts
+# The route families served, each a package with ``install(router, state)`` (server/api/).
+FAMILIES = (openai,)
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class SessionSnapshot:
     requests_completed: int
     requests_cancelled: int
     requests_failed: int
-    engine_stats: Mapping[str, float]  # everything Engine.stats() returned
+    engine_stats: EngineStats  # everything Engine.stats() returned
 
 
 class HttpServer:
@@ -119,7 +122,8 @@ class HttpServer:
         router = Router()
         self.app = Application(self.state, router)
         self.app.install_core_routes()
-        openai_routes.install(router, self.state)
+        for family in FAMILIES:
+            family.install(router, self.state)
         self.connections: set[HttpConnection] = set()
         self.address: tuple[str, int] | None = None
         self.failure: BaseException | None = None  # the runtime failure that stopped us
@@ -222,22 +226,18 @@ class HttpServer:
 
     def snapshot(self) -> SessionSnapshot:
         state = self.state
-        stats = dict(state.read_engine_stats())
+        stats = state.read_engine_stats()
         admission, pool = state.admission, state.frontend
-
-        def stat(key: str) -> int:
-            return int(stats.get(key, 0))
-
         return SessionSnapshot(
             session_id=state.session_id, monotonic_time=time.monotonic(),
             seconds_since_listen=state.seconds_since_listen(), http_capacity=admission.capacity,
             http_admitted=admission.num_in_use, http_rejected=admission.num_rejected,
             is_admission_paused=admission.is_paused, is_draining=state.is_draining,
             frontend_workers=pool.num_workers, frontend_busy=pool.num_busy, frontend_waiting=pool.num_waiting,
-            tokens_last_minute=state.metrics.token_rate.value, slots_live=stat("slots_live"),
-            slots_free=stat("slots_free"), requests_pending=stat("requests_pending"),
-            requests_admitted=stat("requests_admitted"), requests_completed=stat("requests_completed"),
-            requests_cancelled=stat("requests_cancelled"), requests_failed=stat("requests_failed"),
+            tokens_last_minute=state.metrics.token_rate.value, slots_live=stats.slots_live,
+            slots_free=stats.slots_free, requests_pending=stats.requests_pending,
+            requests_admitted=stats.requests_admitted, requests_completed=stats.requests_completed,
+            requests_cancelled=stats.requests_cancelled, requests_failed=stats.requests_failed,
             engine_stats=stats)
 
 

@@ -14,9 +14,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..errors import AdmissionError
-from ..request import MAX_TOP_LOGPROBS, SamplingParams
-from .request_body import decode_json, shorten
+from ....errors import AdmissionError
+from ....request import MAX_TOP_LOGPROBS, SamplingParams
+from ...generation import resolve_max_tokens
+from ...request_body import decode_json, shorten
 
 # Fields every generation route accepts, beside its own.
 _COMMON = frozenset({
@@ -59,15 +60,9 @@ class GenerationRequest:
 
     def sampling_params(self, prompt_len: int, context_len: int, context_hint: str = "") -> SamplingParams:
         """Resolve max_tokens against the context; 400 when prompt + output do not fit."""
-        remaining = context_len - prompt_len
-        max_tokens = self.max_tokens if self.max_tokens is not None else remaining
-        if max_tokens < 1 or prompt_len + max_tokens > context_len:
-            requested = f"max_tokens of {self.max_tokens}" if self.max_tokens is not None else "at least one output token"
-            raise AdmissionError(
-                f"prompt of {prompt_len} tokens plus {requested} exceeds the context of {context_len} tokens",
-                status=400, code="context_length_exceeded",
-                param="max_tokens" if self.max_tokens is not None else "messages" if self.is_chat else "prompt",
-                hint=context_hint or None)
+        max_tokens = resolve_max_tokens(self.max_tokens, prompt_len, context_len, param="max_tokens",
+                                        prompt_param="messages" if self.is_chat else "prompt",
+                                        context_hint=context_hint)
         return SamplingParams(max_tokens=max_tokens, **self.sampling)
 
 
