@@ -1,15 +1,15 @@
-"""Selection policy: candidates, value per duration, fairness prices, checkpoint targets.
+"""Selection policy: candidates, value per duration, fairness prices.
 
-See docs/scheduler.md for the policy in prose. This module reads the
-scheduler's state and never mutates request phases; its only writes are the
-fairness debts in the SlotTable (after each completion) and the reservation
-of snapshot rows for a new admission's checkpoint targets.
+See docs/scheduler.md for the policy in prose. Selection reads the scheduler
+through a :class:`~flare.scheduler.view.SchedulerView` and the snapshot rows of
+candidates through :class:`~flare.scheduler.targets.CheckpointTargets`; it never
+mutates request phases or resources. Its only writes are the fairness debts in
+the SlotTable (after each completion).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,9 +17,8 @@ from .._fast import sched as fast
 from ..contract import GraphKind, GraphSpec
 from .live import LiveRequest
 from .plan import CommittedStep, Phase, PlanRow, RowArrays, ScheduledPlan
-
-if TYPE_CHECKING:
-    from .scheduler import RequestScheduler
+from .targets import CheckpointTargets
+from .view import SchedulerView
 
 Candidate = tuple[GraphKind, GraphSpec, list[PlanRow], float]
 
@@ -30,9 +29,10 @@ _DECODING, _FINISHING = int(Phase.DECODING), int(Phase.FINISHING)
 
 
 class Selection:
-    def __init__(self, sched: "RequestScheduler"):
-        self.s = sched
-        self.pol = sched.policy
+    def __init__(self, view: SchedulerView, targets: CheckpointTargets):
+        self.s = view
+        self.targets = targets
+        self.pol = view.policy
         self.per_prompt_s = 0.0  # solo seconds per prompt token (0: unmeasured)
         self.per_output_s = 0.0  # solo seconds per output token
 
@@ -78,7 +78,7 @@ class Selection:
         s = self.s
         out: list[Candidate] = []
         unit = self.pol.output_token_value
-        free_pages = s.pages.num_free
+        free_pages = s.num_free_pages
         by_phase: dict[Phase, list[LiveRequest]] = {}
         for r in s.live.values():
             if r.inflight == 0:
@@ -103,9 +103,9 @@ class Selection:
             rows = []
             for r in group:
                 if kind == GraphKind.RESTORE:
-                    rows.append(PlanRow(r.rid, r.handle, r.epoch, r.reused, 0, False, s.restore_row(r)))
+                    rows.append(PlanRow(r.rid, r.handle, r.epoch, r.reused, 0, False, self.targets.restore_row(r)))
                 elif kind == GraphKind.SNAPSHOT:
-                    rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, 0, False, s.due_row(r)))
+                    rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, 0, False, self.targets.due_row(r)))
                 else:
                     rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, 0, True, -1))
             out.append((kind, s.graph_for(kind, len(rows)), rows, sum(unit + self.price(r) for r in group)))
@@ -266,59 +266,3 @@ class Selection:
         fast.update_debts(t.phase, t.ended.view(np.uint8), t.token_debt, t.delivery_debt, cols.slots,
                           cols.num_tokens + cols.sample, delivered, self.per_prompt_s, self.per_output_s,
                           elapsed, math.exp(-elapsed / self.pol.service_price_adaptation_s), _FIRST, _DECODING)
-
-    # -- checkpoint targets ------------------------------------------------------
-
-    def select_targets(self, req: LiveRequest) -> None:
-        """Reserve snapshot rows for checkpoint endpoints beyond the reused prefix.
-
-        The anchor is the last message boundary past the reuse (or the prompt end when
-        there is none). Earlier boundaries and a distinct prompt end are extras: each
-        costs a snapshot copy plus whatever prefill its cut adds, and together they
-        must fit in checkpoint_extra_work_fraction of the estimated uncached prefill
-        work. Unknown costs admit no extras.
-        """
-        s = self.s
-        length, reused = req.prompt_len, req.reused
-        boundaries = [e for e in req.endpoints if e > reused]
-        chosen: list[int] = []
-        if reused < length:
-            chosen.append(boundaries[-1] if boundaries else length)
-            base = self.prefill_cost_ns(reused, length, chosen)
-            snapshot = s.timing.estimate_ns(s.graphs_of(GraphKind.SNAPSHOT)[0].index)
-            if base and snapshot:
-                budget = self.pol.checkpoint_extra_work_fraction * base
-                extras = boundaries[:-1] + ([length] if boundaries else [])
-                for endpoint in sorted(extras, reverse=True):  # later boundaries first
-                    cost = self.prefill_cost_ns(reused, length, chosen + [endpoint])
-                    extra = cost - base + snapshot
-                    if extra <= budget:
-                        chosen.append(endpoint)
-                        budget -= extra
-                        base = cost
-        rows: list[tuple[int, int]] = []
-        for endpoint in chosen:  # anchor first; rows may come from evicting LRU cache leaves
-            row = s.take_row()
-            if row < 0:
-                break
-            rows.append((endpoint, row))
-        rows.sort()
-        req.targets = [e for e, _ in rows]
-        req.target_rows = [r for _, r in rows]
-        req.terminal_row = s.take_row()
-
-    def prefill_cost_ns(self, start: int, end: int, cuts: list[int]) -> int:
-        """Estimated prefill time from start to end with chunks stopping at cuts (0: unknown)."""
-        s = self.s
-        graphs = s.graphs_of(GraphKind.PREFILL)
-        largest = graphs[-1].tokens
-        total, pos = 0, start
-        for stop in sorted({c for c in cuts if start < c < end} | {end}):
-            while pos < stop:
-                k = min(largest, stop - pos)
-                est = s.timing.estimate_ns(next(g for g in graphs if g.tokens >= k).index)
-                if est == 0:
-                    return 0
-                total += est
-                pos += k
-        return total

@@ -55,6 +55,7 @@ from .plan import (
 )
 from .policy import Selection
 from .resources import IdPool
+from .targets import CheckpointTargets
 from .timing import TimingEstimates
 
 _scheduler_ids = itertools.count(1)
@@ -82,7 +83,6 @@ class RequestScheduler:
                                       freshness_s=policy.timing_freshness_s,
                                       credit_fraction=policy.refresh_credit_fraction,
                                       credit_cap_s=policy.refresh_credit_cap_s)
-        self.selection = Selection(self)
         self.queue: deque[LiveRequest] = deque()
         self.live: dict[int, LiveRequest] = {}  # rid -> admitted request (until retired)
         self.by_slot: dict[int, LiveRequest] = {}
@@ -107,6 +107,10 @@ class RequestScheduler:
         self._decode_graph_for = [None] + [
             (self.graph_for(GraphKind.DECODE, n), next((g for g in greedy_decode if g.batch >= n), None))
             for n in range(1, contract.max_batch + 1)]
+        self.targets = CheckpointTargets(self.cache, self.rows, self.timing, policy,
+                                         self._graphs[GraphKind.PREFILL], self._graphs[GraphKind.SNAPSHOT],
+                                         lambda: self._collect_cache(self.completed_fence))
+        self.selection = Selection(self, self.targets)
         # counters
         self.num_admitted = self.num_completed = self.num_cancelled = 0
         self.launches = {kind: 0 for kind in GraphKind}
@@ -197,18 +201,9 @@ class RequestScheduler:
                 return g
         raise KeyError(kind)
 
-    def restore_row(self, r: LiveRequest) -> int:
-        return self.cache.checkpoint(r.tip).snapshot
-
-    def due_row(self, r: LiveRequest) -> int:
-        return r.target_rows[r.targets.index(r.snapshot_due)]
-
-    def take_row(self) -> int:
-        """A free snapshot row, evicting an unpinned cache leaf if none is free; -1 if impossible."""
-        if not self.rows.num_free:
-            self.cache.evict(snapshot_target=1)
-            self._collect_cache(self.completed_fence)
-        return self.rows.take_one() if self.rows.num_free else -1
+    @property
+    def num_free_pages(self) -> int:
+        return self.pages.num_free
 
     def _available_pages(self) -> int:
         counters = self.cache.counters()
@@ -256,7 +251,7 @@ class RequestScheduler:
             self.table.num_pages[slot] = len(req.pages)
         req.page_budget = need
         self.reserved_pages += need
-        self.selection.select_targets(req)
+        self.targets.select(req)
         req.bump()
         self.live[req.rid] = req
         self.by_slot[slot] = req
