@@ -4,33 +4,63 @@ The number of KV pages comes from a memory budget, never from
 max_active x context: on the CPU a fixed budget (1 GiB unless configured), on a
 GPU a fraction of the memory left after weights. Prefix-cache snapshot rows
 (one page per layer plus a hidden state each) come out of the same budget.
+
+The loader reads a prepared core only through :class:`PreparedWeights` (what a
+``flare.core.format.Core`` provides), so the model package does not import the
+core package, which imports the model's spec and layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
 
 import torch
 from safetensors.torch import load_file
 
 from ..config import EngineConfig
-from ..core.format import Core
-from ..errors import ExecutionError, FrontendError
-from ..model.checkpoint import runtime_weight_shapes
-from .attention import KVCache
 from ..contract import PreparedContract
+from ..errors import ExecutionError, FrontendError
+from .attention import KVCache
+from .checkpoint import runtime_weight_shapes
 from .decoder import Decoder
 from .programs import StepPrograms
+from .spec import ModelSpec
 
 Progress = Callable[[str], None]
 
 CPU_KV_BUDGET = 1 << 30
 
 
+class ServingLimits(Protocol):
+    """The limits fixed at export that loading sizes buffers by (a core's ``contract``)."""
+
+    @property
+    def context(self) -> int: ...
+    @property
+    def max_active(self) -> int: ...
+    @property
+    def prefill_chunk_size(self) -> int: ...
+    @property
+    def page_tokens(self) -> int: ...
+
+
+class PreparedWeights(Protocol):
+    """What loading reads from a prepared core; ``flare.core.format.Core`` is one."""
+
+    @property
+    def recipe(self) -> ModelSpec: ...
+    @property
+    def dtype(self) -> str: ...  # "float32" | "bfloat16" | "float16"
+    @property
+    def contract(self) -> ServingLimits: ...
+    @property
+    def weight_files(self) -> Sequence[Path]: ...
+
+
 @dataclass
 class LoadedModel:
-    core: Core
     decoder: Decoder
     contract: PreparedContract
     programs: StepPrograms
@@ -46,7 +76,8 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_weights(core: Core, device: torch.device, progress: Progress | None = None) -> dict[str, torch.Tensor]:
+def load_weights(core: PreparedWeights, device: torch.device,
+                 progress: Progress | None = None) -> dict[str, torch.Tensor]:
     expected = runtime_weight_shapes(core.recipe)
     weights: dict[str, torch.Tensor] = {}
     for path in core.weight_files:
@@ -63,7 +94,7 @@ def load_weights(core: Core, device: torch.device, progress: Progress | None = N
     return weights
 
 
-def plan_kv(core: Core, config: EngineConfig, device: torch.device, max_active: int) -> tuple[int, int]:
+def plan_kv(core: PreparedWeights, config: EngineConfig, device: torch.device, max_active: int) -> tuple[int, int]:
     """(num_pages, num_snapshot_rows) from the memory budget."""
     spec = core.recipe
     dtype = getattr(torch, core.dtype)
@@ -86,7 +117,8 @@ def plan_kv(core: Core, config: EngineConfig, device: torch.device, max_active: 
     return int(pages), int(rows)
 
 
-def load_model(core: Core, config: EngineConfig = EngineConfig(), progress: Progress | None = None) -> LoadedModel:
+def load_model(core: PreparedWeights, config: EngineConfig = EngineConfig(),
+               progress: Progress | None = None) -> LoadedModel:
     device = resolve_device(config.device)
     max_active = config.max_active or core.contract.max_active
     if not 1 <= max_active <= core.contract.max_active:
@@ -102,5 +134,5 @@ def load_model(core: Core, config: EngineConfig = EngineConfig(), progress: Prog
     if progress:
         progress(f"KV cache: {num_pages} pages of {contract.page_tokens} tokens, {rows} snapshot rows")
     programs = StepPrograms(decoder, contract, bucket_pages=device.type == "cpu")
-    return LoadedModel(core=core, decoder=decoder, contract=contract, programs=programs, device=device)
+    return LoadedModel(decoder=decoder, contract=contract, programs=programs, device=device)
 
