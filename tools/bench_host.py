@@ -57,7 +57,7 @@ def cost_model(args):
 def build_engine(args):
     from flare import fixtures
     from flare.core.format import load_core
-    from flare.execution.fake import FakeExecutor
+    from flare.testing.fake_executor import FakeExecutor
     from flare.contract import PreparedContract
     from flare.engine.model import NativeModel, core_identity
     from flare.scheduler.scheduler import RequestScheduler

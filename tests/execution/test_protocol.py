@@ -16,7 +16,7 @@ from flare.errors import ExecutionError
 from flare.execution.base import Executor
 from flare.execution.cpu import CpuExecutor
 from flare.execution.cuda import GraphExecutor
-from flare.execution.fake import FakeExecutor
+from flare.testing.fake_executor import FakeExecutor
 
 IMPLEMENTATIONS = (CpuExecutor, GraphExecutor, FakeExecutor)
 MEMBERS = ("next_fence", "outstanding", "completed_fence", "can_submit", "submit", "poll", "close")

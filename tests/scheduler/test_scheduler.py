@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flare.contract import REC_GENERATION, GraphKind
-from flare.execution.fake import FakeExecutor
+from flare.testing.fake_executor import FakeExecutor
 from flare.model.inputs import pack_step
 from flare.scheduler.errors import CapacityError, CompletionError, StalePlanError
 from flare.scheduler.plan import Phase
@@ -49,7 +49,7 @@ def alone(p, max_tokens, seed=0, endpoints=()):
 
 
 def test_scheduler_imports_no_torch():
-    code = "import sys, flare.scheduler.scheduler, flare.execution.fake; print('torch' in sys.modules)"
+    code = "import sys, flare.scheduler.scheduler, flare.testing.fake_executor; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

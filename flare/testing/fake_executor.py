@@ -33,7 +33,7 @@ from ..contract import (
     REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract, Upload,
 )
 from ..errors import ExecutionError
-from .base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission
+from ..execution.base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
