@@ -51,10 +51,11 @@ from ..request import PreparedPrompt, SamplingParams
 from .errors import CapacityError, CompletionError, StalePlanError, UnknownRequestError
 from .live import LiveRequest, SlotTable
 from .plan import (
-    Admission, CommittedStep, Ended, Phase, PageUpload, ScheduledPlan, StepResult,
+    CommittedStep, Ended, Phase, PageUpload, ScheduledPlan, StepResult,
 )
 from .policy import Selection
 from .resources import IdPool
+from .steps import DECODE, STEPS, StepKind
 from .targets import CheckpointTargets
 from .timing import TimingEstimates
 
@@ -104,7 +105,7 @@ class RequestScheduler:
         self._graphs[GraphKind.PREFILL] = [g for g in self._graphs[GraphKind.PREFILL] if g.batch == 1]
         self.decode_graphs = sorted(self._graphs[GraphKind.DECODE] + greedy_decode, key=lambda g: g.batch)
         # decode graph per cohort size: [general, greedy] (greedy: all rows argmax, no logprobs)
-        self._decode_graph_for = [None] + [
+        self.decode_graph_for = [None] + [
             (self.graph_for(GraphKind.DECODE, n), next((g for g in greedy_decode if g.batch >= n), None))
             for n in range(1, contract.max_batch + 1)]
         self.targets = CheckpointTargets(self.cache, self.rows, self.timing, policy,
@@ -275,28 +276,22 @@ class RequestScheduler:
             if now - self._oldest_submit > 1.5 * window[0].plan.estimate_ns * 1e-9 + 0.002:
                 return None
         sel = self.selection
-        slots = sel.decodable()
-        decode = None
-        if len(slots):
-            if int(np.count_nonzero(sel.decode_pages_needed(slots))) <= self.pages.num_free:
-                general, greedy = self._decode_graph_for[len(slots)]
-                graph = greedy if greedy is not None and self.table.plain[slots].all() else general
-                decode = (graph, slots, 0.0)
+        decode = DECODE.cohort(self)
         if not sel.has_other_work():
             if decode is None:
                 if not window:
                     self.timing.idle()
                 return None
             # Only the decode cohort can run: no scoring needed.
-            graph = decode[0]
+            graph, slots = decode
             stale = self.timing.is_stale(graph.index, now)
             if window and stale:
                 return None
             return ScheduledPlan(self.id, GraphKind.DECODE, graph.index, graph.batch, graph.tokens,
-                                 sel.decode_plan_rows(slots), self.timing.estimate_ns(graph.index), stale)
+                                 DECODE.plan_rows(self, slots), self.timing.estimate_ns(graph.index), stale)
         candidates = sel.candidates()
         if decode is not None:
-            decode = (decode[0], slots, sel.decode_value(slots))
+            decode = (decode[0], decode[1], DECODE.value(sel, decode[1]))
         if not candidates and decode is None:
             if not window:
                 self.timing.idle()
@@ -321,7 +316,7 @@ class RequestScheduler:
             raise StalePlanError("a request in the plan changed since the plan was made")
         now = self.clock()
         if plan.kind == GraphKind.DECODE:
-            step = self._commit_decode(plan, fence, now)
+            step = DECODE.commit(self, plan, fence, now)
         else:
             step = self._commit_rows(plan, fence, now)
         if not self.inflight:
@@ -332,31 +327,16 @@ class RequestScheduler:
             self.timing.pay_refresh(plan.graph_index)
         return step
 
-    def _commit_decode(self, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
-        t = self.table
-        slots = plan.cols.slots
-        grow = slots[self.selection.decode_pages_needed(slots)]
-        if len(grow) > self.pages.num_free:
-            raise StalePlanError("the plan needs more free pages than are available")
-        uploads = tuple(self._assign_pages(self.by_slot[int(s)], int(t.planned[s]) + 1) for s in grow)
-        t.planned[slots] += 1
-        t.planned_gen[slots] += 1
-        t.inflight[slots] += 1
-        t.last_fence[slots] = fence
-        t.epoch[slots] += 1
-        t.last_progress[slots] = now
-        return CommittedStep(fence, plan, t.planned[slots].copy(), t.planned_gen[slots].copy(),
-                             tuple(u for u in uploads if u.pages), committed_at=now)
-
     def _commit_rows(self, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
         reqs = [self.by_slot[int(s)] for s in plan.cols.slots]
-        need = sum(self.new_pages_needed(req, self._mapped_positions(plan.kind, row, req))
+        kind = STEPS[plan.kind]
+        need = sum(self.new_pages_needed(req, kind.mapped_positions(self, row, req))
                    for row, req in zip(plan.rows, reqs))
         if need > self.pages.num_free:
             raise StalePlanError("the plan needs more free pages than are available")
         uploads, extras = [], []
         for row, req in zip(plan.rows, reqs):
-            upload, extra = self._commit_row(plan.kind, row, req, fence, now)
+            upload, extra = self._commit_row(kind, row, req, fence, now)
             if upload.pages:
                 uploads.append(upload)
             extras.append(extra)
@@ -364,16 +344,7 @@ class RequestScheduler:
         return CommittedStep(fence, plan, self.table.planned[slots].copy(), self.table.planned_gen[slots].copy(),
                              tuple(uploads), tuple(extras), now)
 
-    def _mapped_positions(self, kind: GraphKind, row, req: LiveRequest) -> int:
-        if kind == GraphKind.PREFILL:
-            return row.start + row.num_tokens
-        if kind == GraphKind.RESTORE:
-            return req.reused + 1
-        if kind == GraphKind.INITIALIZE:
-            return len(req.pages) * self.page_tokens
-        return 0
-
-    def _assign_pages(self, req: LiveRequest, positions: int) -> PageUpload:
+    def assign_pages(self, req: LiveRequest, positions: int) -> PageUpload:
         need = self.new_pages_needed(req, positions)
         if need:
             if need > req.page_budget:
@@ -386,44 +357,15 @@ class RequestScheduler:
         req.uploaded_pages = len(req.pages)
         return PageUpload(req.slot, first, tuple(req.pages[first:]))
 
-    def _commit_row(self, kind: GraphKind, row, req: LiveRequest, fence: int, now: float):
+    def _commit_row(self, kind: StepKind, row, req: LiveRequest, fence: int, now: float):
         req.inflight += 1
         req.last_fence = fence
-        upload = self._assign_pages(req, self._mapped_positions(kind, row, req))
-        tokens = admission = None
-        if kind == GraphKind.INITIALIZE:
-            penalty = req.prompt if req.params.repetition_penalty != 1.0 else None
-            admission = Admission(req.reused, req.seed, req.params, penalty)
-            req.planned = req.reused
-            if req.tip is not None:
-                self.cache.mark_used(req.tip, fence)  # the first step that reads the cached prefix
-            # A cached tail page (or the hidden state of a full hit) comes from the snapshot row.
-            restore = req.reused and (req.reused % self.page_tokens or req.reused == req.prompt_len)
-            req.phase = Phase.RESTORING if restore else Phase.PREFILLING
-        elif kind == GraphKind.RESTORE:
-            req.planned = req.reused
-            req.phase = Phase.RESUMING if req.reused == req.prompt_len else Phase.PREFILLING
-        elif kind == GraphKind.RESUME:
-            req.planned_generated += 1
-            req.phase = Phase.DECODING
-            req.last_progress = now
-        elif kind == GraphKind.PREFILL:
-            tokens = req.prompt[row.start:row.start + row.num_tokens]
-            req.planned += row.num_tokens
-            req.last_progress = now
-            if row.sample:
-                req.planned_generated += 1
-            if req.planned in req.targets:
-                req.snapshot_due = req.planned
-                req.phase = Phase.SNAPSHOTTING
-            elif req.planned == req.prompt_len:
-                req.phase = Phase.DECODING
-        elif kind == GraphKind.SNAPSHOT:
-            self._publish(req, row.snapshot, fence, terminal=req.phase == Phase.FINISHING)
+        upload = self.assign_pages(req, kind.mapped_positions(self, row, req))
+        extra = kind.commit_row(self, row, req, fence, now)
         req.bump()
-        return upload, (tokens, admission)
+        return upload, extra
 
-    def _publish(self, req: LiveRequest, row: int, fence: int, *, terminal: bool) -> None:
+    def publish_snapshot(self, req: LiveRequest, row: int, fence: int, *, terminal: bool) -> None:
         """Publish the checkpoint the SNAPSHOT step at ``fence`` captures."""
         if terminal:
             endpoint = req.planned
@@ -474,7 +416,8 @@ class RequestScheduler:
                                   f"submission (fence {step.fence}, graph {step.plan.graph_index})")
         cols = step.cols
         slots = cols.slots
-        bad = fast.validate_records(records, slots, cols.generations, step.consumed, step.generated, 1)
+        bad = fast.validate_records(records, slots, cols.generations, step.consumed, step.generated,
+                                    STEPS[step.plan.kind].max_new_tokens)
         if bad >= 0:
             s = int(slots[bad])
             rec = records[s] if 0 <= s < len(records) else None

@@ -1,4 +1,4 @@
-"""SchedulerView: the scheduler state that selection reads.
+"""SchedulerView: the scheduler state that selection reads; CommitView: what commit rules change.
 
 :class:`flare.scheduler.policy.Selection` scores candidates from this view instead
 of holding the RequestScheduler itself, so policy.py does not import scheduler.py
@@ -14,9 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
+    from ..cache import PrefixCheckpointCache
     from ..config import PolicyConfig
     from ..contract import GraphKind, GraphSpec, PreparedContract
     from .live import LiveRequest, SlotTable
+    from .plan import PageUpload
     from .timing import TimingEstimates
 
 
@@ -60,6 +62,10 @@ class SchedulerView(Protocol):
     def decode_graphs(self) -> "Sequence[GraphSpec]":
         """DECODE graphs, general and greedy, smallest batch first."""
 
+    @property
+    def decode_graph_for(self) -> "Sequence[tuple[GraphSpec, GraphSpec | None] | None]":
+        """By cohort size n (index 0 unused): the general and the greedy DECODE graph for n rows."""
+
     def graphs_of(self, kind: "GraphKind") -> "Sequence[GraphSpec]":
         """General graphs of one kind by (batch, tokens); PREFILL: the one-row graphs."""
 
@@ -68,3 +74,30 @@ class SchedulerView(Protocol):
 
     def new_pages_needed(self, r: "LiveRequest", positions: int) -> int:
         """Pages still to assign so that positions [0, positions) are mapped."""
+
+
+class CommitView(Protocol):
+    """What a step kind's commit rule (flare/scheduler/steps/) may use besides the request
+    it advances: the resources a committed row claims and the checkpoints it publishes."""
+
+    @property
+    def page_tokens(self) -> int: ...
+
+    @property
+    def table(self) -> "SlotTable": ...
+
+    @property
+    def num_free_pages(self) -> int: ...
+
+    @property
+    def by_slot(self) -> "Mapping[int, LiveRequest]": ...
+
+    @property
+    def cache(self) -> "PrefixCheckpointCache":
+        """The prefix cache: commit marks a cached prefix used at the step's fence."""
+
+    def assign_pages(self, req: "LiveRequest", positions: int) -> "PageUpload":
+        """Assign pages from the request's reservation so that [0, positions) is mapped."""
+
+    def publish_snapshot(self, req: "LiveRequest", row: int, fence: int, *, terminal: bool) -> None:
+        """Publish the checkpoint the SNAPSHOT step at ``fence`` captures into ``row``."""

@@ -1,0 +1,23 @@
+"""One module per step kind, found through this registry.
+
+``STEPS`` maps each GraphKind to its StepKind; ``ROW_STEPS`` lists the row-wise kinds
+in the order their candidates are generated (ties in selection go to the earlier
+candidate, so the order is part of the policy). Decode builds its cohort
+column-wise (decode.py). A new kind is a new module here plus a registry entry.
+"""
+
+from __future__ import annotations
+
+from ...contract import GraphKind
+from . import decode, initialize, prefill, restore, resume, snapshot
+from .base import Candidate, CandidateBudget, RowExtra, StepKind
+
+STEPS: dict[GraphKind, StepKind] = {
+    step.kind: step for step in (initialize.STEP, restore.STEP, resume.STEP, snapshot.STEP, prefill.STEP,
+                                 decode.STEP)
+}
+ROW_STEPS: tuple[StepKind, ...] = (initialize.STEP, restore.STEP, resume.STEP, snapshot.STEP, prefill.STEP)
+DECODE = decode.STEP
+LAUNCH_NAMES: dict[GraphKind, str] = {kind: step.name for kind, step in STEPS.items()}
+
+__all__ = ["Candidate", "CandidateBudget", "DECODE", "LAUNCH_NAMES", "ROW_STEPS", "RowExtra", "STEPS", "StepKind"]

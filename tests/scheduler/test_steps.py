@@ -1,0 +1,36 @@
+"""The step-kind registry (flare/scheduler/steps/): one module per GraphKind.
+
+Every graph kind has exactly one StepKind, the kinds' phases partition the runnable
+phases, and the launch names the registry gives agree with what the runtime reports
+and the metrics export.
+"""
+
+from __future__ import annotations
+
+from flare.contract import GraphKind
+from flare.engine.runtime import _LAUNCH_NAMES
+from flare.engine.telemetry import GRAPH_KINDS
+from flare.scheduler.plan import Phase
+from flare.scheduler.steps import DECODE, LAUNCH_NAMES, ROW_STEPS, STEPS
+
+
+def test_every_graph_kind_has_one_step_module():
+    assert set(STEPS) == set(GraphKind)
+    assert all(step.kind == kind for kind, step in STEPS.items())
+    assert len({type(step).__module__ for step in STEPS.values()}) == len(STEPS)
+    assert set(ROW_STEPS) | {DECODE} == set(STEPS.values()) and DECODE not in ROW_STEPS
+
+
+def test_the_step_phases_partition_the_runnable_phases():
+    phases = [phase for step in STEPS.values() for phase in step.phases]
+    assert len(phases) == len(set(phases))
+    assert set(phases) == {p for p in Phase if Phase.INITIALIZING <= p <= Phase.FINISHING}
+
+
+def test_launch_names_agree_with_the_runtime_and_the_metrics():
+    assert LAUNCH_NAMES == _LAUNCH_NAMES
+    assert set(LAUNCH_NAMES.values()) <= set(GRAPH_KINDS)
+
+
+def test_no_step_reports_more_than_one_new_token_yet():
+    assert all(step.max_new_tokens == 1 for step in STEPS.values())  # speculative kinds will differ
