@@ -286,8 +286,9 @@ def _decode_rounds(model, sched, contract, rng, observed: dict[int, list[int]]) 
 
 
 def serving(model, args) -> None:
-    from flare.engine.native import NativeEngine, load_frontend
     from busy import serve_and_measure
+
+    from flare.engine.native import NativeEngine, load_frontend
 
     engine = NativeEngine(model, load_frontend(model.core), ("bench",))
     run = serve_and_measure(engine, full=min(args.concurrency, model.loaded.contract.max_active),

@@ -56,13 +56,13 @@ def cost_model(args):
 
 def build_engine(args):
     from flare import fixtures
-    from flare.core.format import load_core
-    from flare.testing.fake_executor import FakeExecutor
     from flare.contract import PreparedContract
+    from flare.core.format import load_core
     from flare.engine.model import NativeModel, core_identity
-    from flare.scheduler.scheduler import RequestScheduler
     from flare.engine.native import NativeEngine, load_frontend
     from flare.engine.runtime import ModelRuntime
+    from flare.scheduler.scheduler import RequestScheduler
+    from flare.testing.fake_executor import FakeExecutor
 
     core_dir = fixtures.cache_dir() / "bench-host-core"
     if not (core_dir / "core.json").exists():

@@ -221,7 +221,8 @@ def _cpu_seconds(pid: int) -> float:
 def _bench_server(host: str, port: int, pid: int, args, pool) -> dict[str, float]:
     """Each figure as events/s of wall time and per CPU-second of the server process."""
     results = {}
-    for name, kind, total in (("health_rps", "/health", args.connections), ("models_rps", "/v1/models", args.connections),
+    for name, kind, total in (("health_rps", "/health", args.connections),
+                              ("models_rps", "/v1/models", args.connections),
                               ("sse_events_per_s", "sse", args.streams)):
         shares = [total // args.clients + (i < total % args.clients) for i in range(args.clients)]
         jobs = [(host, port, kind, n, args.tokens, args.seconds, args.warmup) for n in shares if n]

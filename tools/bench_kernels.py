@@ -46,8 +46,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flare.model import decoder, layers  # noqa: E402
 from flare.model.attention import AttentionBatch, paged_attention_reference  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
-    GemvConfig, _common, add_rms_norm, default_config, linear, linear_small_m, paged_attention, qkv_rope_write,
-    rms_norm, silu_mul,
+    GemvConfig,
+    _common,
+    add_rms_norm,
+    default_config,
+    linear,
+    linear_small_m,
+    paged_attention,
+    qkv_rope_write,
+    rms_norm,
+    silu_mul,
 )
 
 DEV = torch.device("cuda")
@@ -233,14 +241,16 @@ def bench_elementwise(ceiling: float, results: dict) -> None:
         rs = [torch.randn_like(x) for x in xs]
         report("rms_norm", f"{rows}x{HIDDEN}", [lambda x=x: rms_norm(x, w, 1e-5) for x in xs],
                [lambda x=x: layers.rms_norm(x, w, 1e-5) for x in xs], nbytes)
-        report("add_rms_norm", f"{rows}x{HIDDEN}", [lambda x=x, r=r: add_rms_norm(x, r, w, 1e-5) for x, r in zip(xs, rs)],
+        report("add_rms_norm", f"{rows}x{HIDDEN}",
+               [lambda x=x, r=r: add_rms_norm(x, r, w, 1e-5) for x, r in zip(xs, rs)],
                [lambda x=x, r=r: layers.rms_norm(r + x, w, 1e-5) for x, r in zip(xs, rs)], 2 * nbytes)
         if rows > 1:  # the same rows as one prefill chunk [1, Q, N]: torch's variance, then the kernel
             chunks = [(x.view(1, rows, HIDDEN), r.view(1, rows, HIDDEN)) for x, r in zip(xs, rs)]
             report("add_rms_norm_prefill", f"1x{rows}x{HIDDEN}",
                    [lambda c=c: add_rms_norm(c[0], c[1], w, 1e-5) for c in chunks],
                    [lambda c=c: layers.rms_norm(c[1] + c[0], w, 1e-5) for c in chunks], 2 * nbytes)
-    table_cos, table_sin = torch.rand(8192, D, device=DEV, generator=gen), torch.rand(8192, D, device=DEV, generator=gen)
+    table_cos = torch.rand(8192, D, device=DEV, generator=gen)
+    table_sin = torch.rand(8192, D, device=DEV, generator=gen)
     for b, q_len in ((64, 1), (1, 2048)):
         nbytes = 2 * b * q_len * (H + 2 * HKV) * D * 2 + 2 * b * q_len * D * 4
         copies = rotations(nbytes)
@@ -254,7 +264,8 @@ def bench_elementwise(ceiling: float, results: dict) -> None:
 
         def composite(x, p):
             return decoder.qkv_rope_write(x, H, None, None, 1e-5, table_cos, table_sin, p, widx, *pools)
-        report("qkv_rope_write", f"{b}x{q_len}x{H}+{2 * HKV}x{D}", [lambda x=x, p=p: fused(x, p) for x, p in zip(qkvs, pos)],
+        report("qkv_rope_write", f"{b}x{q_len}x{H}+{2 * HKV}x{D}",
+               [lambda x=x, p=p: fused(x, p) for x, p in zip(qkvs, pos)],
                [lambda x=x, p=p: composite(x, p) for x, p in zip(qkvs, pos)], nbytes)
     for rows in (1, 64, 2048):
         nbytes = 3 * rows * INTER * 2

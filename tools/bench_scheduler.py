@@ -24,10 +24,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flare.contract import GraphKind, PreparedContract  # noqa: E402
-from flare.testing.fake_executor import FakeExecutor  # noqa: E402
 from flare.model.inputs import Inputs, pack_step  # noqa: E402
 from flare.request import PreparedPrompt, SamplingParams  # noqa: E402
 from flare.scheduler.scheduler import RequestScheduler  # noqa: E402
+from flare.testing.fake_executor import FakeExecutor  # noqa: E402
 
 
 def measure(live: int, steps: int) -> tuple[float, float, dict[str, float]]:

@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "frontend"))
 
+from template_corpus import SPECIAL_TOKENS, history, many_tools  # noqa: E402
+
 from flare import fixtures  # noqa: E402
 from flare.frontend.template import compile_template  # noqa: E402
-from template_corpus import SPECIAL_TOKENS, history, many_tools  # noqa: E402
 
 TEMPLATES = {
     "qwen3": "Qwen-Qwen3-0.6B.jinja",

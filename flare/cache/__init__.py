@@ -6,12 +6,31 @@ snapshot rows, pins, fences, leaf LRU eviction) for the scheduler.
 """
 
 from .checkpoints import PrefixCheckpointCache
-from .errors import (CacheError, CapacityError, CheckpointStateError, FenceError, HistoryError,
-                     OwnershipError, ParentMismatchError, PinError, SnapshotError,
-                     UnknownCheckpointError)
+from .errors import (
+                     CacheError,
+                     CapacityError,
+                     CheckpointStateError,
+                     FenceError,
+                     HistoryError,
+                     OwnershipError,
+                     ParentMismatchError,
+                     PinError,
+                     SnapshotError,
+                     UnknownCheckpointError,
+)
 from .history import BLOCK_TOKENS, ConditioningEvent, PrefixHistory
-from .records import (CacheCounters, CheckpointInfo, Completion, Created, Eviction, Existing,
-                      PrefixHit, Publication, RetiredResources, Reusable)
+from .records import (
+                     CacheCounters,
+                     CheckpointInfo,
+                     Completion,
+                     Created,
+                     Eviction,
+                     Existing,
+                     PrefixHit,
+                     Publication,
+                     RetiredResources,
+                     Reusable,
+)
 
 __all__ = [
     "BLOCK_TOKENS", "CacheCounters", "CacheError", "CapacityError", "CheckpointInfo",

@@ -22,11 +22,30 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..config import PAGE_TOKENS
-from .errors import (CapacityError, CheckpointStateError, FenceError, HistoryError, OwnershipError,
-                     ParentMismatchError, PinError, SnapshotError, UnknownCheckpointError)
+from .errors import (
+    CapacityError,
+    CheckpointStateError,
+    FenceError,
+    HistoryError,
+    OwnershipError,
+    ParentMismatchError,
+    PinError,
+    SnapshotError,
+    UnknownCheckpointError,
+)
 from .history import BLOCK_TOKENS, IDENTITY_BYTES, PrefixHistory
-from .records import (CacheCounters, CheckpointInfo, Completion, Created, Eviction, Existing,
-                      PrefixHit, Publication, RetiredResources, Reusable)
+from .records import (
+    CacheCounters,
+    CheckpointInfo,
+    Completion,
+    Created,
+    Eviction,
+    Existing,
+    PrefixHit,
+    Publication,
+    RetiredResources,
+    Reusable,
+)
 
 if PAGE_TOKENS != BLOCK_TOKENS:  # pragma: no cover - a build-time mismatch
     raise ImportError(f"PAGE_TOKENS ({PAGE_TOKENS}) must equal the hashed block size ({BLOCK_TOKENS})")

@@ -26,17 +26,26 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from .output import StopText
-from .telemetry import PUBLISH_INTERVAL_S, EngineStats, RequestRow
+from ..contract import GraphKind
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
-from ..contract import GraphKind
 from ..model.inputs import Inputs, pack_step
-from ..request import (ErrorEvent, EventSink, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent,
-                       TokenLogprob, Usage)
+from ..request import (
+    ErrorEvent,
+    EventSink,
+    FinishEvent,
+    PreparedPrompt,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+    Usage,
+)
 from ..scheduler.errors import CapacityError
 from ..scheduler.plan import StepResult
 from ..scheduler.scheduler import RequestScheduler
+from ..scheduler.steps import LAUNCH_NAMES
+from .output import StopText
+from .telemetry import PUBLISH_INTERVAL_S, EngineStats, RequestRow
 
 log = logging.getLogger("flare.runtime")
 
@@ -207,7 +216,7 @@ class ModelRuntime:
             pages_reusable=s.pages.num_free, snapshots_reusable=s.rows.num_free,
             checkpoints_cached=c.cached_checkpoints, pages_cached=c.cached_pages,
             requests_pending=s.num_queued + len(self._ingress),
-            launches={_LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()}, requests=rows)
+            launches={LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()}, requests=rows)
 
     # -- model thread -----------------------------------------------------------
 
@@ -437,9 +446,3 @@ class ModelRuntime:
             if not consumer.is_done:
                 self._end(consumer, ErrorEvent(error))
         self._publish_stats(force=True)
-
-
-_LAUNCH_NAMES = {
-    GraphKind.INITIALIZE: "initialize", GraphKind.PREFILL: "prefill", GraphKind.DECODE: "decode",
-    GraphKind.SNAPSHOT: "snapshot", GraphKind.RESTORE: "restore", GraphKind.RESUME: "resume_sampling",
-}

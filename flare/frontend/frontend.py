@@ -31,8 +31,7 @@ import numpy as np
 
 from ..errors import FrontendError
 from ..request import PreparedPrompt
-from .annotations import (PATH_DIFFERENTIAL, AnnotatedTemplate, annotate_template, differential_endpoints,
-                          sha256_hex)
+from .annotations import AnnotatedTemplate, annotate_template, differential_endpoints, sha256_hex
 from .template import CompiledTemplate, RenderBudget, TemplateBudgetError, TemplateLimits, compile_template
 from .tokenizer import IncrementalDecoder, Tokenizer
 

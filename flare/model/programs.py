@@ -18,8 +18,20 @@ import numpy as np
 import torch
 
 from ..contract import (
-    REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION,
-    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract,
+    REC_CONSUMED,
+    REC_FLAG_PARTICIPATED,
+    REC_FLAG_SAMPLED,
+    REC_FLAGS,
+    REC_GENERATED,
+    REC_GENERATION,
+    REC_KIND,
+    REC_NEW_TOKENS,
+    REC_SLOT,
+    REC_TOKEN0,
+    RECORD_FIELDS,
+    GraphKind,
+    GraphSpec,
+    PreparedContract,
 )
 from .attention import AttentionBatch, KVCache
 from .decoder import Decoder

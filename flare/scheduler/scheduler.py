@@ -44,14 +44,26 @@ from .._fast import sched as fast
 from ..cache import Created, PrefixCheckpointCache, PrefixHistory
 from ..config import PolicyConfig
 from ..contract import (
-    REC_CONSUMED, REC_GENERATED, REC_GENERATION, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, GraphKind, GraphSpec,
+    REC_CONSUMED,
+    REC_GENERATED,
+    REC_GENERATION,
+    REC_NEW_TOKENS,
+    REC_SLOT,
+    REC_TOKEN0,
+    GraphKind,
+    GraphSpec,
     PreparedContract,
 )
 from ..request import PreparedPrompt, SamplingParams
 from .errors import CapacityError, CompletionError, StalePlanError, UnknownRequestError
 from .live import LiveRequest, SlotTable
 from .plan import (
-    CommittedStep, Ended, Phase, PageUpload, ScheduledPlan, StepResult,
+    CommittedStep,
+    Ended,
+    PageUpload,
+    Phase,
+    ScheduledPlan,
+    StepResult,
 )
 from .policy import Selection
 from .resources import IdPool
@@ -421,9 +433,10 @@ class RequestScheduler:
         if bad >= 0:
             s = int(slots[bad])
             rec = records[s] if 0 <= s < len(records) else None
+            fields = None if rec is None else tuple(
+                int(rec[i]) for i in (REC_SLOT, REC_GENERATION, REC_CONSUMED, REC_GENERATED, REC_NEW_TOKENS))
             raise CompletionError(
-                f"{step.plan.kind.name} completion at fence {fence} for slot {s}: record "
-                f"{None if rec is None else (int(rec[REC_SLOT]), int(rec[REC_GENERATION]), int(rec[REC_CONSUMED]), int(rec[REC_GENERATED]), int(rec[REC_NEW_TOKENS]))} "
+                f"{step.plan.kind.name} completion at fence {fence} for slot {s}: record {fields} "
                 f"(slot, generation, consumed, generated, new); expected generation {cols.generations[bad]}, "
                 f"consumed {step.consumed[bad]}, generated {step.generated[bad]}")
         # -- commit the completion

@@ -24,12 +24,12 @@ import uuid
 from typing import Any, Awaitable, Callable, Protocol
 
 from ..config import MAX_ACTIVE_LIMIT, ServerConfig
+from ..engine.base import Engine
+from ..engine.telemetry import EngineStats
 from ..errors import Error
 from ..frontend import parsers
 from .admission import FrontendPool, HttpAdmission
 from .api.openai.errors import error_response as openai_error_response
-from ..engine.base import Engine
-from ..engine.telemetry import EngineStats
 from .metrics import ServerMetrics
 from .protocol import HttpConnection, HttpRequest, ProtocolLimits
 from .response import Response

@@ -33,11 +33,11 @@ from typing import Any, Callable, Union
 import uvloop
 
 from ..config import ServerConfig
+from ..engine.base import Engine
+from ..engine.telemetry import EngineStats
 from ..errors import Error
 from .api import openai
 from .app import Application, Router, ServerState
-from ..engine.base import Engine
-from ..engine.telemetry import EngineStats
 from .metrics import TOKEN_SAMPLE_INTERVAL_S
 from .protocol import HttpConnection
 from .response import refresh_date

@@ -22,7 +22,6 @@ from typing import Callable
 
 from ..request import ErrorEvent, Event, FinishEvent
 
-
 # Drains closer together than this are merged: under a flood of events each connection
 # then gets several events per write (one send() instead of several). A drain that
 # follows a quiet period runs at once, so this adds latency only when steps come faster

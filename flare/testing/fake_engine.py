@@ -39,8 +39,17 @@ from ..config import PAGE_TOKENS
 from ..engine.output import StopText
 from ..engine.telemetry import EngineStats
 from ..errors import AdmissionError, Error, ExecutionError, FrontendError
-from ..request import (ErrorEvent, EventSink, FinishEvent, ModelCard, PreparedPrompt, SamplingParams, TokenEvent,
-                       TokenLogprob, Usage)
+from ..request import (
+    ErrorEvent,
+    EventSink,
+    FinishEvent,
+    ModelCard,
+    PreparedPrompt,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+    Usage,
+)
 
 EOS_ID = 256
 VOCAB_SIZE = 257

@@ -29,11 +29,25 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..contract import (
-    REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION,
-    REC_KIND, REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS, GraphKind, GraphSpec, PreparedContract, Upload,
+    REC_CONSUMED,
+    REC_FLAG_PARTICIPATED,
+    REC_FLAG_SAMPLED,
+    REC_FLAGS,
+    REC_GENERATED,
+    REC_GENERATION,
+    REC_KIND,
+    REC_NEW_TOKENS,
+    REC_SLOT,
+    REC_TOKEN0,
+    RECORD_FIELDS,
+    GraphKind,
+    GraphSpec,
+    PreparedContract,
+    Upload,
 )
 from ..errors import ExecutionError
 from ..execution.base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission
+
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 

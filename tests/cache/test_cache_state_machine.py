@@ -18,9 +18,18 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from flare.cache import (CacheError, CapacityError, Created, Existing, OwnershipError,
-                         ParentMismatchError, PinError, PrefixCheckpointCache, PrefixHistory,
-                         SnapshotError)
+from flare.cache import (
+    CacheError,
+    CapacityError,
+    Created,
+    Existing,
+    OwnershipError,
+    ParentMismatchError,
+    PinError,
+    PrefixCheckpointCache,
+    PrefixHistory,
+    SnapshotError,
+)
 
 IDENTITY = b"\x5a" * 32
 P = 64

@@ -5,10 +5,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.cache import (CacheError, CapacityError, CheckpointStateError, Completion, Created,
-                         Existing, FenceError, HistoryError, OwnershipError, ParentMismatchError,
-                         PinError, PrefixCheckpointCache, PrefixHistory, PrefixHit, Reusable,
-                         SnapshotError, UnknownCheckpointError)
+from flare.cache import (
+    CacheError,
+    CapacityError,
+    CheckpointStateError,
+    Completion,
+    Created,
+    Existing,
+    FenceError,
+    HistoryError,
+    OwnershipError,
+    ParentMismatchError,
+    PinError,
+    PrefixCheckpointCache,
+    PrefixHistory,
+    PrefixHit,
+    Reusable,
+    SnapshotError,
+    UnknownCheckpointError,
+)
 
 IDENTITY = bytes(range(32))
 P = 64
@@ -347,7 +362,8 @@ def test_reclaimable_gauges_predict_what_eviction_can_retire(cache):
     a = publish(cache, h, 100).checkpoint  # 1 page
     b = publish(cache, h, 200, a).checkpoint  # 2 pages
     other = publish(cache, history(diverge_at=0), 130).checkpoint  # 2 pages
-    reclaimable = lambda: (cache.counters().reclaimable_pages, cache.counters().reclaimable_snapshots)
+    def reclaimable():
+        return cache.counters().reclaimable_pages, cache.counters().reclaimable_snapshots
     assert reclaimable() == (5, 3)
     cache.pin(b)  # pins b and a
     assert reclaimable() == (2, 1)

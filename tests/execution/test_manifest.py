@@ -10,7 +10,14 @@ import torch
 from flare.contract import RECORD_FIELDS, RECORD_META, GraphKind, PreparedContract
 from flare.errors import ExecutionError
 from flare.execution.manifest import (
-    DEVICE, HOST, REQUIRED_BUFFERS, VIEW_ALIGNMENT, BufferView, CompletionGeometry, ExecutionManifest, GraphEntry,
+    DEVICE,
+    HOST,
+    REQUIRED_BUFFERS,
+    VIEW_ALIGNMENT,
+    BufferView,
+    CompletionGeometry,
+    ExecutionManifest,
+    GraphEntry,
     ManifestError,
 )
 

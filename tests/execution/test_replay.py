@@ -20,7 +20,11 @@ from cuda.bindings import driver as real_driver
 from flare.errors import ExecutionError
 from flare.execution import replay
 from flare.execution.replay import (
-    CudaCallError, GraphReplayWorker, ReplayBackpressure, ReplayCompletion, current_context,
+    CudaCallError,
+    GraphReplayWorker,
+    ReplayBackpressure,
+    ReplayCompletion,
+    current_context,
 )
 from tests.execution.fake_driver import FakeDriver
 

@@ -19,8 +19,7 @@ from flare import fixtures
 from flare.core.gguf_tokenizer import convert_gguf_file
 from flare.errors import FrontendError
 from flare.frontend.annotations import PATH_ANNOTATION, PATH_DIFFERENTIAL, PATH_MARKED, sha256_hex
-from flare.frontend.frontend import (AssetFingerprints, Frontend, TokenSettings, prepare_messages,
-                                     token_endpoints)
+from flare.frontend.frontend import AssetFingerprints, Frontend, TokenSettings, prepare_messages, token_endpoints
 from flare.request import PreparedPrompt
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",

@@ -10,7 +10,11 @@ import pytest
 from PIL import Image, ImageOps
 
 from flare.frontend.images import (
-    EncodedImage, ImageProcessor, QwenImageProfile, parse_data_url, ImageLimits,
+    EncodedImage,
+    ImageLimits,
+    ImageProcessor,
+    QwenImageProfile,
+    parse_data_url,
 )
 from flare.frontend.images.decode import cmyk_to_rgb
 from flare.frontend.images.exif import apply_orientation

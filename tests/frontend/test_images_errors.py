@@ -15,7 +15,12 @@ from PIL import Image
 import flare.frontend.images.decode as decode_module
 from flare.errors import FrontendError
 from flare.frontend.images import (
-    IMAGE_ERROR_CODES, EncodedImage, ImageError, ImageLimits, ImageProcessor, parse_data_url,
+    IMAGE_ERROR_CODES,
+    EncodedImage,
+    ImageError,
+    ImageLimits,
+    ImageProcessor,
+    parse_data_url,
 )
 
 LIMITS = ImageLimits()

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flare.frontend import parsers
-from flare.frontend.parsers import (ContentDelta, OutputAssembler, OutputParser, ParsedOutput, ReasoningDelta,
-                                    ToolCall, ToolCallArguments, ToolCallEnd, ToolCallStart, registry)
+from flare.frontend.parsers import (
+    ContentDelta,
+    OutputAssembler,
+    OutputParser,
+    ParsedOutput,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    registry,
+)
 
 
 @pytest.fixture

@@ -16,8 +16,13 @@ from flare.core.gguf_tokenizer import convert_gguf_file
 from flare.errors import FrontendError
 from flare.frontend.annotations import PATH_DIFFERENTIAL, sha256_hex
 from flare.frontend.frontend import AssetFingerprints, Frontend, TokenSettings
-from flare.frontend.template import (RenderBudget, TemplateBudgetError, TemplateLimitError, TemplateLimits,
-                                     compile_template)
+from flare.frontend.template import (
+    RenderBudget,
+    TemplateBudgetError,
+    TemplateLimitError,
+    TemplateLimits,
+    compile_template,
+)
 
 MAX_SECONDS = 1.5
 MAX_PEAK_BYTES = 64 << 20

@@ -25,7 +25,7 @@ def test_opcode_numbering_matches_vm():
 def test_every_opcode_documented():
     source = (Path(__file__).resolve().parents[2] / "flare/frontend/template/opcodes.py").read_text()
     for op in Op:
-        line = next(l for l in source.splitlines() if l.strip().startswith(f"{op.name} ="))
+        line = next(text for text in source.splitlines() if text.strip().startswith(f"{op.name} ="))
         assert "#" in line and len(line.split("#", 1)[1].strip()) > 5, op.name
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
+from template_corpus import contexts
+from template_reference import reference_compile
 
 from flare.errors import FrontendError
 from flare.frontend.template import compile_template
-from template_corpus import contexts
-from template_reference import reference_compile
 
 CONTEXTS = list(contexts())
 
@@ -75,7 +74,8 @@ def test_corpus_covers_the_brief():
 # Randomised conversations (roles in any order, missing or None fields, tool calls with
 # string/object arguments, content parts) against every template: whatever jinja2
 # renders or raises, we must render or raise identically.
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 _TEXT = st.lists(st.sampled_from(list("ab <>/\n{}\"'é😀") + ["</think>", "<think>",
                                                              "<tool_response>"]),

@@ -4,7 +4,6 @@ jinja2 configured as Transformers does; output or error message must be identica
 from __future__ import annotations
 
 import pytest
-
 from template_reference import our_outcome, reference_outcome
 
 MSGS = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Hi <b>&"},
@@ -209,7 +208,8 @@ def test_feature_matches_jinja2(source):
 
 # Substring search has a memchr fast path for Latin-1 text; check it against Python
 # on adversarial inputs (frequent first characters, matches at the edges, wide kinds).
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from flare.frontend.template import compile_template  # noqa: E402
 

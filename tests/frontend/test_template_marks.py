@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from template_reference import reference_compile
 
 from flare.errors import FrontendError
 from flare.frontend.template import compile_template
-from template_reference import reference_compile
 
 MSGS = [{"role": "system", "content": "Sé brief 😀"}, {"role": "user", "content": "héllo"},
         {"role": "assistant", "content": "ok"}]

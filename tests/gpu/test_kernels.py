@@ -22,10 +22,23 @@ import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents  # noqa: E402
 
 from flare.model import decoder, kernels, layers  # noqa: E402
-from flare.model.kernels import gemv  # noqa: E402
 from flare.model.kernels import (  # noqa: E402
-    DECODE_LAUNCH, GemvConfig, _common, add_rms_norm, choose_num_splits, linear, linear_float, linear_qkv_rope_write, linear_silu,
-    linear_small_m, paged_attention, paged_decode_attention, paged_prefill_attention, qkv_rope_write, rms_norm,
+    DECODE_LAUNCH,
+    GemvConfig,
+    _common,
+    add_rms_norm,
+    choose_num_splits,
+    gemv,  # noqa: E402
+    linear,
+    linear_float,
+    linear_qkv_rope_write,
+    linear_silu,
+    linear_small_m,
+    paged_attention,
+    paged_decode_attention,
+    paged_prefill_attention,
+    qkv_rope_write,
+    rms_norm,
     silu_mul,
 )
 from tests.gpu.graphs import capture  # noqa: E402

@@ -33,10 +33,13 @@ pytest.importorskip("cuda.bindings")
 from cuda.bindings import driver as cu  # noqa: E402
 
 from flare.errors import ExecutionError  # noqa: E402
-from tests.gpu.graphs import capture  # noqa: E402
 from flare.execution.replay import (  # noqa: E402
-    CudaCallError, GraphReplayWorker, ReplayBackpressure, current_context,
+    CudaCallError,
+    GraphReplayWorker,
+    ReplayBackpressure,
+    current_context,
 )
+from tests.gpu.graphs import capture  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

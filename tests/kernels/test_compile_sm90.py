@@ -33,7 +33,8 @@ from flare.model.kernels import GemvConfig, gemv  # noqa: E402
 from .paged_cases import build_case  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
-_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1",
+_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
+          torch.bool: "*i1",
           torch.int32: "*i32", torch.uint8: "*u8"}
 _OPTIONS = ("num_warps", "num_stages", "launch_pdl", "enable_fp_fusion", "maxnreg")
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from server_harness import FLARE_SERVE, get_json, launch, metrics, start_subprocess, wait_idle
 
 LONG = {"messages": [{"role": "user", "content": "Talk for a long while."}], "max_tokens": 400,

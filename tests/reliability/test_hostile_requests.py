@@ -11,10 +11,19 @@ import http.client
 import json
 import random
 
-from hypothesis import HealthCheck, given, settings, strategies as st
-
-from hostile import (CHAT_PATHS, COMPLETION_PATHS, FRAGMENTS, TOOL_CALL_MESSAGE, TOOL_PATHS, chat_body,
-                     completion_body, dump, place)
+from hostile import (
+    CHAT_PATHS,
+    COMPLETION_PATHS,
+    FRAGMENTS,
+    TOOL_CALL_MESSAGE,
+    TOOL_PATHS,
+    chat_body,
+    completion_body,
+    dump,
+    place,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from server_harness import get_json, wait_idle
 
 ERROR_KEYS = {"message", "type", "param", "code"}

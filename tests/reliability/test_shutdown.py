@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-
 from server_harness import launch
 
 HINT = "raise --max-active"

@@ -20,7 +20,6 @@ import textwrap
 import time
 
 import pytest
-
 from hostile import MALFORMED_HTTP, hostile_body, send_raw
 from server_harness import launch, metrics, wait_idle
 

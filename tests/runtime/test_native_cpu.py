@@ -10,8 +10,8 @@ import pytest
 
 from flare.config import EngineConfig
 from flare.core.embedded import demo_core
-from flare.errors import ExecutionError
 from flare.engine.model import NativeModel
+from flare.errors import ExecutionError
 from flare.request import ErrorEvent, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent
 
 GREEDY = dict(temperature=0.0)

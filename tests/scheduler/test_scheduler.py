@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 from flare.contract import REC_GENERATION, GraphKind
-from flare.testing.fake_executor import FakeExecutor
 from flare.model.inputs import pack_step
-from flare.scheduler.errors import CapacityError, CompletionError, StalePlanError
-from flare.scheduler.plan import Phase
 from flare.request import SamplingParams
+from flare.scheduler.errors import CapacityError, CompletionError, StalePlanError
 from flare.scheduler.scheduler import RequestScheduler
+from flare.testing.fake_executor import FakeExecutor
 
 from .driver import IDENTITY, Driver, contract, params, prompt
 
@@ -69,7 +68,7 @@ def test_slot_and_generation_reuse():
     sched, ex, d, _ = make(max_active=1)
     handles = []
     for i in range(3):
-        rid = sched.submit(prompt(tokens(i, 20)), params(2), 0)
+        sched.submit(prompt(tokens(i, 20)), params(2), 0)
         sched.plan  # noqa: B018 - admission happens in plan()
         d.run()
         handles.append(d.steps[-1].rows[0].handle)
@@ -232,7 +231,7 @@ def test_prefix_reuse_across_requests_sharing_a_system_prompt():
     system = tokens(5, 1000)
     first = np.concatenate([system, tokens(6, 30)])
     second = np.concatenate([system, tokens(7, 40)])
-    r1 = sched.submit(prompt(first, [1000]), params(4), 0)
+    sched.submit(prompt(first, [1000]), params(4), 0)
     d.run()
     before = sched.cache.counters().reused_tokens
     r2 = sched.submit(prompt(second, [1000]), params(4), 0)

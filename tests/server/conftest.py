@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pytest
-
 from server_harness import ENGINE_KINDS, Served, launch
 
 

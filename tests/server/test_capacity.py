@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from server_harness import assert_error, get_json, metric, post_json, request
 
 CHAT = {"messages": [{"role": "user", "content": "Tell me a long story"}]}

@@ -17,13 +17,13 @@ import socket
 import time
 
 import pytest
+from protocol_harness import parse_responses
+from server_harness import FLARE_SERVE, Served, request, start_subprocess
 
 from flare.config import ServerConfig
 from flare.server.protocol import LINGER_IDLE_S, MAX_CHUNK_LINE_BYTES
 from flare.server.session import Server
 from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
-from protocol_harness import parse_responses
-from server_harness import FLARE_SERVE, Served, request, start_subprocess
 
 KEY = "edge-secret"
 HEADER_LIMIT = 4096

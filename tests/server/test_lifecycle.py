@@ -11,13 +11,13 @@ import threading
 import time
 
 import pytest
+from server_harness import assert_error, get_json, launch, post_json, request
 
 from flare.config import ServerConfig
 from flare.errors import ExecutionError
 from flare.server.options import ConfigError, add_server_arguments, load_server_config
 from flare.server.session import Server, StartupProgress
 from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
-from server_harness import assert_error, get_json, launch, post_json, request
 
 CHAT = [{"role": "user", "content": "Stream for a while please"}]
 

@@ -7,7 +7,6 @@ import json
 
 import openai
 import pytest
-
 from server_harness import assert_error, get_json, post_json, request
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello to Flare"}]
@@ -175,7 +174,8 @@ def test_chat_logprobs(server):
 
 def test_text_content_parts_and_tool_history(server):
     messages = [
-        {"role": "user", "content": [{"type": "text", "text": "What is the weather"}, {"type": "text", "text": "in Paris?"}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is the weather"},
+                                     {"type": "text", "text": "in Paris?"}]},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},

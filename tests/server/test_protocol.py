@@ -6,9 +6,9 @@ import asyncio
 import re
 
 import pytest
+from protocol_harness import connect, parse_responses, settle
 
 from flare.server.protocol import MAX_PIPELINE
-from protocol_harness import connect, parse_responses, settle
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import logging
 import random
 
 import pytest
+from protocol_harness import EchoApp, connect, parse_responses, settle
 
 from flare.server.protocol import LINGER_IDLE_S, MAX_CHUNK_LINE_BYTES
-from protocol_harness import EchoApp, connect, parse_responses, settle
 
 
 @pytest.fixture

@@ -15,19 +15,25 @@ import types
 from typing import Any, Sequence
 
 import pytest
+from server_harness import Served, assert_error, request
 
 from flare.config import ServerConfig
 from flare.errors import AdmissionError
-from flare.frontend.parsers import (ContentDelta, OutputParser, ReasoningDelta, ToolCallArguments, ToolCallEnd,
-                                    ToolCallStart, registry)
+from flare.frontend.parsers import (
+    ContentDelta,
+    OutputParser,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    registry,
+)
 from flare.request import SamplingParams
 from flare.server import session as session_module
 from flare.server.api import openai
 from flare.server.generation import generate
 from flare.server.response import Response
 from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
-
-from server_harness import Served, assert_error, request
 
 KEY = "family-key"
 pytestmark = pytest.mark.fake_only("a toy family and a test parser installed in process; no model involved")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from server_harness import get_json, request, wait_idle
 
 PROMPT = "One, two, three, four,"

@@ -8,13 +8,13 @@ import threading
 import pytest
 
 from flare.config import ServerConfig
+from flare.engine.telemetry import EngineStats
 from flare.errors import AdmissionError, ExecutionError
 from flare.request import ErrorEvent, FinishEvent, SamplingParams, TokenEvent, Usage
 from flare.server.admission import FrontendPool, HttpAdmission
-from flare.server.app import ServerState
-from flare.engine.telemetry import EngineStats
-from flare.server.metrics import ENGINE_COUNTERS, ENGINE_GAUGES, TokenRate
 from flare.server.api.openai.schema import parse_chat, parse_completion
+from flare.server.app import ServerState
+from flare.server.metrics import ENGINE_COUNTERS, ENGINE_GAUGES, TokenRate
 from flare.server.stream import EventDispatcher, EventStream
 from flare.testing.fake_engine import EOS_ID, FakeEngine, FakeEngineConfig
 
@@ -206,7 +206,7 @@ def test_abandon_wakes_a_waiting_reader():
 
 def test_admission_permits_are_counted_and_idempotent():
     admission = HttpAdmission(2)
-    a, b = admission.try_acquire(), admission.try_acquire()
+    a, _ = admission.try_acquire(), admission.try_acquire()
     assert admission.try_acquire() is None and admission.num_rejected == 1
     a.release()
     a.release()

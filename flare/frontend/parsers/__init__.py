@@ -6,10 +6,20 @@ parser is one module here that subclasses :class:`OutputParser`, decorates it
 with ``@register("name")``, and is imported below.
 """
 
-from .base import (ContentDelta, Delta, OutputAssembler, OutputParser, ParsedOutput, ReasoningDelta, ToolCall,
-                   ToolCallArguments, ToolCallEnd, ToolCallStart)
-from .registry import ParserFactory, get, names, register
 from . import plain  # noqa: F401  (registers "plain")
+from .base import (
+                   ContentDelta,
+                   Delta,
+                   OutputAssembler,
+                   OutputParser,
+                   ParsedOutput,
+                   ReasoningDelta,
+                   ToolCall,
+                   ToolCallArguments,
+                   ToolCallEnd,
+                   ToolCallStart,
+)
+from .registry import ParserFactory, get, names, register
 
 PLAIN = "plain"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flare.frontend.template.compiled import CompiledTemplate
-from flare.frontend.template.opcodes import BinaryOp, CompareOp, JUMP_OPS, Op
+from flare.frontend.template.opcodes import JUMP_OPS, BinaryOp, CompareOp, Op
 
 _CONST_OPS = {Op.EMIT_CONST, Op.LOAD_CONST, Op.GETATTR, Op.SET_ATTR, Op.LOAD_UNDEFINED,
               Op.COPY_SLOTS, Op.RAISE}

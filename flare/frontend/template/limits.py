@@ -13,9 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flare._fast.jinja_vm import (DEFAULT_FUEL, DEFAULT_MAX_COLLECTION_BYTES, DEFAULT_MAX_DEPTH,
-                                  DEFAULT_MAX_INT_BITS, DEFAULT_MAX_OUTPUT_BYTES,
-                                  DEFAULT_MAX_STRING_BYTES, DEFAULT_TIME_LIMIT_S)
+from flare._fast.jinja_vm import (
+    DEFAULT_FUEL,
+    DEFAULT_MAX_COLLECTION_BYTES,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_INT_BITS,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_STRING_BYTES,
+    DEFAULT_TIME_LIMIT_S,
+)
 
 
 @dataclass(frozen=True)

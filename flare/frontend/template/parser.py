@@ -10,8 +10,21 @@ from __future__ import annotations
 
 from flare.frontend.template import nodes as n
 from flare.frontend.template.lexer import (
-    BLOCK_BEGIN, BLOCK_END, DATA, EOF, FLOAT, INT, NAME, OP, STRING, VAR_BEGIN, VAR_END,
-    Source, Token, tokenize)
+    BLOCK_BEGIN,
+    BLOCK_END,
+    DATA,
+    EOF,
+    FLOAT,
+    INT,
+    NAME,
+    OP,
+    STRING,
+    VAR_BEGIN,
+    VAR_END,
+    Source,
+    Token,
+    tokenize,
+)
 
 _COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
 _TEST_ARG_START = {NAME, STRING, INT, FLOAT}

@@ -28,14 +28,32 @@ tests/kernels checks them.
 
 from ._common import KernelInputError
 from .attention import (
-    DECODE_LAUNCH, MAX_SPLITS, PREFILL_LAUNCH, AttentionLaunch, choose_num_splits, paged_attention,
-    paged_decode_attention, paged_prefill_attention,
+    DECODE_LAUNCH,
+    MAX_SPLITS,
+    PREFILL_LAUNCH,
+    AttentionLaunch,
+    choose_num_splits,
+    paged_attention,
+    paged_decode_attention,
+    paged_prefill_attention,
 )
 from .elementwise import add_rms_norm, embed_rms_norm, qkv_rope_write, rms_norm, silu_mul
 from .gemv import (
-    MAX_ROWS, GemvConfig, NormedRows, default_config, fuses_qkv_rope, linear, linear_add_rms_norm,
-    linear_add_rms_norm_small_m, linear_float, linear_qkv_rope_small_m, linear_qkv_rope_write, linear_silu,
-    linear_silu_small_m, linear_small_m, prefers_small_m,
+    MAX_ROWS,
+    GemvConfig,
+    NormedRows,
+    default_config,
+    fuses_qkv_rope,
+    linear,
+    linear_add_rms_norm,
+    linear_add_rms_norm_small_m,
+    linear_float,
+    linear_qkv_rope_small_m,
+    linear_qkv_rope_write,
+    linear_silu,
+    linear_silu_small_m,
+    linear_small_m,
+    prefers_small_m,
 )
 
 __all__ = [
@@ -44,6 +62,7 @@ __all__ = [
     "GemvConfig", "NormedRows", "default_config", "fuses_qkv_rope", "linear", "linear_add_rms_norm",
     "linear_add_rms_norm_small_m", "linear_float", "linear_qkv_rope_small_m", "linear_qkv_rope_write", "linear_silu",
     "linear_silu_small_m", "linear_small_m", "prefers_small_m",
-    "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention",
+    "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention",
+    "paged_decode_attention", "paged_prefill_attention",
     "add_rms_norm", "embed_rms_norm", "qkv_rope_write", "rms_norm", "silu_mul",
 ]

@@ -41,8 +41,16 @@ import triton.language as tl
 from ...config import PAGE_TOKENS
 from ..attention import AttentionBatch, fresh_sdpa_attention
 from ._common import (
-    dot_precision, next_power_of_2, pdl_level, pdl_options, require, require_float,
-    require_inner_contiguous, require_same_device, sm_count, wait_for_inputs,
+    dot_precision,
+    next_power_of_2,
+    pdl_level,
+    pdl_options,
+    require,
+    require_float,
+    require_inner_contiguous,
+    require_same_device,
+    sm_count,
+    wait_for_inputs,
 )
 
 MAX_SPLITS = 16
@@ -79,7 +87,8 @@ def _paged_attention_kernel(
     s_vp, s_vt, s_vh,
     s_pb, s_pq, s_tb,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr,
 ):
     # MERGE_IN_KERNEL (with NUM_SPLITS > 1): no merge kernel. Of a (row, kv head, block),
@@ -392,7 +401,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     block_m = launch.block_m or (max(16, next_power_of_2(group)) if nq == 1 else 64)
     require(block_m >= 16 and block_m == next_power_of_2(block_m), kernel,
             f"block_m must be a power of two >= 16, got {block_m}")
-    require(launch.pages_per_step in (1, 2, 4), kernel, f"pages_per_step must be 1, 2 or 4, got {launch.pages_per_step}")
+    require(launch.pages_per_step in (1, 2, 4), kernel,
+            f"pages_per_step must be 1, 2 or 4, got {launch.pages_per_step}")
     num_blocks = -(-nq * group // block_m)
     if num_splits is None:
         num_splits = choose_num_splits(b, hkv, num_blocks, max_pages, q.device, waves=launch.waves)

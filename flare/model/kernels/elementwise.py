@@ -25,8 +25,14 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    next_power_of_2, pdl_level, pdl_options, require, require_float, require_inner_contiguous,
-    require_same_device, wait_for_inputs,
+    next_power_of_2,
+    pdl_level,
+    pdl_options,
+    require,
+    require_float,
+    require_inner_contiguous,
+    require_same_device,
+    wait_for_inputs,
 )
 
 # exp and rsqrt come from libdevice: torch's CUDA kernels call the CUDA math library's

@@ -44,8 +44,16 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._common import (
-    INTERPRETED, next_power_of_2, pdl_level, pdl_options, require, require_inner_contiguous, require_same_device,
-    sm_count, start_next_kernel_early, wait_for_inputs,
+    INTERPRETED,
+    next_power_of_2,
+    pdl_level,
+    pdl_options,
+    require,
+    require_inner_contiguous,
+    require_same_device,
+    sm_count,
+    start_next_kernel_early,
+    wait_for_inputs,
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 

@@ -20,8 +20,17 @@ import triton
 import triton.language as tl
 
 from ...contract import (
-    REC_CONSUMED, REC_FLAG_PARTICIPATED, REC_FLAG_SAMPLED, REC_FLAGS, REC_GENERATED, REC_GENERATION, REC_KIND,
-    REC_NEW_TOKENS, REC_SLOT, REC_TOKEN0, RECORD_FIELDS,
+    REC_CONSUMED,
+    REC_FLAG_PARTICIPATED,
+    REC_FLAG_SAMPLED,
+    REC_FLAGS,
+    REC_GENERATED,
+    REC_GENERATION,
+    REC_KIND,
+    REC_NEW_TOKENS,
+    REC_SLOT,
+    REC_TOKEN0,
+    RECORD_FIELDS,
 )
 from ..attention import AttentionBatch
 from ._common import next_power_of_2, pdl_level, pdl_options, require, wait_for_inputs

@@ -11,7 +11,13 @@ import torch
 
 from flare.model.attention import AttentionBatch
 from flare.model.kernels import (
-    AttentionLaunch, KernelInputError, MAX_SPLITS, choose_num_splits, paged_attention, paged_decode_attention, paged_prefill_attention,
+    MAX_SPLITS,
+    AttentionLaunch,
+    KernelInputError,
+    choose_num_splits,
+    paged_attention,
+    paged_decode_attention,
+    paged_prefill_attention,
 )
 
 from ..paged_cases import build_case, check_attention

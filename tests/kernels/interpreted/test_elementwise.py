@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flare.model import layers
-from flare.model import decoder
+from flare.model import decoder, layers
 from flare.model.kernels import KernelInputError, add_rms_norm, embed_rms_norm, qkv_rope_write, rms_norm, silu_mul
 
 

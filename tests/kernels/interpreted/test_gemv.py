@@ -6,8 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flare.model.kernels import GemvConfig, KernelInputError, MAX_ROWS, default_config, linear, linear_small_m
-from flare.model.kernels import gemv
+from flare.model.kernels import MAX_ROWS, GemvConfig, KernelInputError, default_config, gemv, linear, linear_small_m
 from flare.model.kernels.gemv import prefers_small_m
 
 
@@ -42,7 +41,8 @@ def test_tensor_core_modes(dtype, m, config):
 @pytest.mark.parametrize("config", [GemvConfig(block_n=16, block_k=128, mode="fma"),
                                     GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma"),
                                     GemvConfig(block_n=16, block_k=128, mode="fma", k_fold=8),
-                                    GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma", k_fold=4, max_registers=80)],
+                                    GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma", k_fold=4,
+                                               max_registers=80)],
                          ids=["fma", "fma-split4", "fma-fold8", "fma-split4-fold4"])
 def test_single_row_fma_mode(config):
     gen = torch.Generator().manual_seed(9)

@@ -15,8 +15,19 @@ from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache
 from flare.model.checkpoint import random_runtime_weights
 from flare.model.decoder import Decoder, DecoderOps, cuda_ops
 from flare.model.kernels import (
-    GemvConfig, KernelInputError, NormedRows, gemv, linear, linear_add_rms_norm, linear_add_rms_norm_small_m,
-    linear_float, linear_qkv_rope_small_m, linear_qkv_rope_write, linear_silu, linear_silu_small_m, linear_small_m,
+    GemvConfig,
+    KernelInputError,
+    NormedRows,
+    gemv,
+    linear,
+    linear_add_rms_norm,
+    linear_add_rms_norm_small_m,
+    linear_float,
+    linear_qkv_rope_small_m,
+    linear_qkv_rope_write,
+    linear_silu,
+    linear_silu_small_m,
+    linear_small_m,
 )
 from flare.model.spec import ModelSpec
 

@@ -12,8 +12,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ....frontend.parsers import (ContentDelta, Delta, ParsedOutput, ReasoningDelta, ToolCallArguments,
-                                  ToolCallStart)
+from ....frontend.parsers import ContentDelta, Delta, ParsedOutput, ReasoningDelta, ToolCallArguments, ToolCallStart
 from ....request import FinishEvent, TokenLogprob, Usage
 from ...response import Response
 from .errors import error_response
