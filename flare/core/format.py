@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..digest import sha256_file as sha256_path
 from ..errors import CoreError
-from ..fixtures import sha256_file as sha256_path
 from ..model.spec import ModelSpec
 from .layout import check_weights
 from .schema import TEMPLATE_ASSET, check_manifest
