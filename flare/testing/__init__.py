@@ -1,7 +1,8 @@
 """Test doubles and developer tools: not product code (nothing in flare/ outside this package imports it).
 
 - ``fake_engine``: FakeEngine, a deterministic byte-level model behind the Engine protocol,
-  served by ``python -m flare.testing.fake_engine`` for tests and HTTP benchmarks;
+  run by the real ModelRuntime over FakeExecutor, served by ``python -m flare.testing.fake_engine``
+  for tests and HTTP benchmarks;
 - ``fake_executor``: FakeExecutor, the executor interface over a model-free program
-  interpreter (scheduler tests, tools/bench_scheduler.py and tools/bench_host.py).
+  interpreter (scheduler tests, the fake engine, tools/bench_scheduler.py and tools/bench_host.py).
 """

@@ -18,6 +18,12 @@ wall time, and ``poll`` releases a completion only once the device has finished
 it. A host pipeline that submits late leaves the simulated device idle, exactly
 as it would a GPU, so host overhead can be measured without one
 (tools/bench_host.py).
+
+A ``sample`` callable replaces the toy model's token choice: it gets the slot's
+consumed history (int64, the tokens read back through the page table) and returns
+the next token; an ExecutionError it raises becomes that step's error completion
+(the executor is poisoned, as after a device fault). Sampled rows also get
+deterministic logprobs (:func:`toy_logprobs`) so the runtime's logprob path runs.
 """
 
 from __future__ import annotations
@@ -59,13 +65,24 @@ def toy_token(history: np.ndarray, vocab: int, salt: int = 0) -> int:
     return int(h % vocab)
 
 
+def toy_logprobs(token: int, num_top: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(logprobs [1 + num_top], top_ids [num_top])`` for a sampled token: the chosen token's
+    logprob first, then the alternatives, the chosen token among them with its own value."""
+    chosen = -0.125 * (token % 8)
+    ids = (token + np.arange(num_top)) % vocab
+    values = np.concatenate(([chosen], chosen - 0.5 * np.arange(num_top)))
+    return values.astype(np.float32), ids.astype(np.int64)
+
+
 class FakeExecutor(FenceTimeline):
     def __init__(self, contract: PreparedContract, *, duration_ns: int = 1_000_000, manual: bool = False,
                  eos_token: int | None = None, eos_every: int = 0, read_history: bool = True,
-                 device_time: Callable[[GraphSpec], float] | None = None):
+                 device_time: Callable[[GraphSpec], float] | None = None,
+                 sample: Callable[[np.ndarray], int] | None = None):
         if manual and device_time is not None:
             raise ValueError("manual and device_time are exclusive")
         self.contract = contract
+        self.sample = sample  # None: toy_token over the history (or slot and position)
         self.device_time = device_time
         self._device_free = 0.0  # perf_counter time at which the simulated device goes idle
         self._finish_at: collections.deque[float] = collections.deque()
@@ -82,6 +99,8 @@ class FakeExecutor(FenceTimeline):
         self.snap_page = np.full((contract.num_snapshot_rows + 1, contract.page_tokens), -1, dtype=np.int64)
         self.snap_length = np.zeros(contract.num_snapshot_rows + 1, dtype=np.int64)
         self.records = np.zeros((s1, RECORD_FIELDS), dtype=np.int64)
+        self.logprobs = np.zeros((s1, 1 + contract.top_logprobs), dtype=np.float32)
+        self.top_ids = np.zeros((s1, contract.top_logprobs), dtype=np.int64)
         self._queue: collections.deque[ExecutionCompletion] = collections.deque()
         self._ready = 0
         self._next_fence = 1
@@ -122,16 +141,19 @@ class FakeExecutor(FenceTimeline):
             error = ExecutionError(f"injected failure at fence {fence}")
             self.poison = error
         else:
-            self._run(graph)
+            try:
+                self._run(graph)
+            except ExecutionError as exc:  # from the sample hook: this step failed on the "device"
+                error = exc
+                self.poison = exc
         duration_ns = self.duration_ns
         if self.device_time is not None:
             cost = self.device_time(graph)
             self._device_free = max(time.perf_counter(), self._device_free) + cost
             self._finish_at.append(self._device_free)
             duration_ns = int(cost * 1e9)
-        self._queue.append(ExecutionCompletion(fence, graph_index, self.records.copy(),
-                                               np.zeros((1, 1), np.float32), np.zeros((1, 1), np.int64),
-                                               duration_ns, error))
+        self._queue.append(ExecutionCompletion(fence, graph_index, self.records.copy(), self.logprobs.copy(),
+                                               self.top_ids.copy(), duration_ns, error))
         if not self.manual and self.device_time is None:
             self._ready = len(self._queue)
         if grammar_constrained:
@@ -182,7 +204,9 @@ class FakeExecutor(FenceTimeline):
     def _sample(self, slot: int) -> None:
         b = self.buffers
         length = int(b["slot.position"][slot])
-        if self.read_history:
+        if self.sample is not None:
+            token = int(self.sample(self._history(slot, length)))
+        elif self.read_history:
             token = toy_token(self._history(slot, length), self.contract.vocab_size, int(b["slot.seed"][slot]))
         else:
             token = (length * 31 + slot) % self.contract.vocab_size
@@ -190,6 +214,8 @@ class FakeExecutor(FenceTimeline):
         if self.eos_token is not None and self.eos_every and b["slot.generated"][slot] % self.eos_every == 0:
             token = self.eos_token
         b["slot.token"][slot] = token
+        self.logprobs[slot], self.top_ids[slot] = toy_logprobs(token, self.contract.top_logprobs,
+                                                               self.contract.vocab_size)
 
     def _record(self, slot: int, kind: GraphKind, sampled: bool) -> None:
         b = self.buffers

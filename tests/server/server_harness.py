@@ -146,7 +146,8 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
                           else shutdown_grace_s,
                           engine=EngineConfig(max_active=max_active))
     fake = FakeEngineConfig(served_names=served_names, tokens_per_s=tokens_per_s, context_len=context_len,
-                            max_active=max_active or FakeEngineConfig.max_active, max_pending=model_queue)
+                            max_active=max_active or FakeEngineConfig.max_active, max_pending=model_queue,
+                            capacity_hint=capacity_hint)
     session = Server.start(FakeEngine(fake), config)
     served = Served(kind, session.base_url, api_key, session=session)
     served.model = session.engine.card.id if not served_names else served_names[0]

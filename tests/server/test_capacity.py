@@ -86,7 +86,7 @@ def test_model_capacity_503_with_hint(launcher, fake_only):
     _wait_for(lambda: metric(served, "flare_requests_pending") == 1)
     status, headers, raw = request(served, "POST", "/v1/chat/completions", {**CHAT, "max_tokens": 2})
     error = assert_error(status, json.loads(raw), 503, "model admission capacity", "see --max-active")
-    assert error["code"] == "model_capacity_exhausted" and headers["retry-after"] == "1"
+    assert error["code"] == "capacity_exhausted" and headers["retry-after"] == "1"
     for sock in held:
         sock.close()
 

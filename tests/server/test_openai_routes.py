@@ -308,19 +308,21 @@ def test_frontend_errors_are_400(server, fake_only):
 
 # -- execution failures (500) -----------------------------------------------------------------
 
-@pytest.mark.fake_only("fault injection: the FLARE_FAKE_FAIL marker")
-def test_execution_failure_is_500_with_same_message_in_stream(server, fake_only):
-    body = {"messages": [{"role": "user", "content": "please FLARE_FAKE_FAIL"}], "max_tokens": 20}
-    status, payload = post_json(server, "/v1/chat/completions", body)
+@pytest.mark.fake_only("fault injection: the FLARE_FAKE_CRASH marker")
+def test_execution_failure_is_500_with_same_message_in_stream(launcher, fake_only):
+    # The marker fails the runtime (as a device fault would), so each request gets a fresh server.
+    body = {"messages": [{"role": "user", "content": "please FLARE_FAKE_CRASH"}], "max_tokens": 20}
+    status, payload = post_json(launcher(), "/v1/chat/completions", body)
     error = assert_error(status, payload, 500, "fake execution failure")
-    status, _, raw = request(server, "POST", "/v1/chat/completions", {**body, "stream": True})
+    status, _, raw = request(launcher(), "POST", "/v1/chat/completions", {**body, "stream": True})
     assert status == 200
     text = raw.decode()
     assert "event: error\ndata: " in text and "[DONE]" not in text
     event = json.loads(text.split("event: error\ndata: ", 1)[1].split("\n", 1)[0])
     assert event["error"]["message"] == error["message"]
+    served = launcher()
     with pytest.raises(openai.APIError) as info:
-        list(_client(server).chat.completions.create(model=server.model, stream=True, **body))
+        list(_client(served).chat.completions.create(model=served.model, stream=True, **body))
     assert error["message"] in str(info.value)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -251,6 +252,14 @@ def _collect(engine, prompt, params, timeout=10.0):
     return events, ticket
 
 
+def _wait_idle(engine, timeout=10.0):
+    """The real runtime frees a slot once its last step completes, after the terminal event."""
+    deadline = time.monotonic() + timeout
+    while engine.stats().slots_live and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return engine.stats()
+
+
 def test_fake_engine_generation_rules():
     engine = FakeEngine(FakeEngineConfig(tokens_per_s=0, context_len=256))
     try:
@@ -289,7 +298,7 @@ def test_fake_engine_cancel_counts_and_frees_the_slot():
         ticket.cancel()
         events2, _ = _collect(engine, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
         assert isinstance(events2[-1], FinishEvent)
-        stats = engine.stats()
+        stats = _wait_idle(engine)
         assert stats.requests_cancelled == 1 and stats.slots_live == 0
         assert not any(isinstance(e, FinishEvent) for e in events)
     finally:
@@ -309,5 +318,49 @@ def test_fake_engine_cancels_any_of_identical_requests():
         events, _ = _collect(engine, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
         assert isinstance(events[-1], FinishEvent) and engine.stats().requests_cancelled == 2
         tickets[0].cancel()
+    finally:
+        engine.close()
+
+
+def test_fake_engine_tokenizer_is_the_byte_encoding():
+    engine = FakeEngine(FakeEngineConfig(tokens_per_s=0))
+    try:
+        text = "héllo <|im_end|>\n"
+        assert engine.tokenizer.encode(text) == engine.prepare_text(text).token_ids.tolist()
+        assert engine.tokenizer.vocab_size == EOS_ID + 1 and engine.tokenizer.special_ids == {EOS_ID}
+        assert engine.token_bytes(0xC3) == b"\xc3" and engine.tokenizer.decode([104, EOS_ID, 105]) == "hi"
+    finally:
+        engine.close()
+
+
+def test_fake_engine_crash_fails_the_runtime():
+    engine = FakeEngine(FakeEngineConfig(tokens_per_s=0))
+    try:
+        prompt = engine.prepare_chat([{"role": "user", "content": "FLARE_FAKE_CRASH"}], tools=None, options={})
+        events, _ = _collect(engine, prompt, SamplingParams(max_tokens=20))
+        assert [t for e in events[:-1] for t in e.token_ids] == list(b"Yo")
+        assert isinstance(events[-1], ErrorEvent) and "FLARE_FAKE_CRASH" in str(events[-1].error)
+        assert engine.failure is not None
+        with pytest.raises(AdmissionError) as info:
+            engine.submit(engine.prepare_text("x"), SamplingParams(max_tokens=2), lambda e: None)
+        assert info.value.status == 503 and info.value.code == "worker_unavailable"
+    finally:
+        engine.close()
+
+
+def test_fake_engine_prefix_reuse_is_the_prefix_cache():
+    engine = FakeEngine(FakeEngineConfig(tokens_per_s=0))
+    try:
+        first = [{"role": "user", "content": "a" * 300}]
+        events, _ = _collect(engine, engine.prepare_chat(first, tools=None, options={}),
+                             SamplingParams(max_tokens=400))
+        reply = "".join(e.text for e in events[:-1])
+        assert reply == "You said: " + "a" * 300 and events[-1].usage.cached_tokens == 0
+        _wait_idle(engine)
+        second = engine.prepare_chat(first + [{"role": "assistant", "content": reply},
+                                              {"role": "user", "content": "again"}], tools=None, options={})
+        events, _ = _collect(engine, second, SamplingParams(max_tokens=50))
+        assert "".join(e.text for e in events[:-1]) == "You said: again"
+        assert events[-1].usage.cached_tokens > 300 and engine.stats().prefix_hits >= 1
     finally:
         engine.close()
