@@ -10,6 +10,7 @@ traceback and the server's RSS is within 10% of what it was after warm-up.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import http.client
 import json
@@ -150,4 +151,7 @@ def test_hostile_traffic_and_disconnecting_streams(soak_server):
     log = "".join(served.stderr_lines)
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
     rss_end = rss_bytes(pid)
+    print(f"\nsoak[{served.kind}]: /health worst {float(worst) * 1e3:.1f} ms over {count} probes; statuses "
+          f"{sorted(collections.Counter(statuses).items(), key=str)}; streams {collections.Counter(outcomes)}; "
+          f"RSS {rss_start / 2**20:.0f} -> {rss_end / 2**20:.0f} MiB")
     assert rss_end <= 1.10 * rss_start, (rss_start, rss_end)
