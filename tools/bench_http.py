@@ -1,7 +1,8 @@
 """HTTP server benchmark: Flare's server next to uvicorn in the same run.
 
-Both servers run as subprocesses on this machine with the same fake model
-(flare.testing.fake_engine.FakeEngine, steps back to back) behind the same Engine
+Both servers run as subprocesses on this machine with the same load source
+(flare.testing.flood_engine.FloodEngine: FakeEngine's prompts, token events as fast as
+one thread makes them, so the engine is never what is measured) behind the same Engine
 interface; the reference is uvicorn with httptools + uvloop serving a raw ASGI
 app that answers the same routes with the same bytes (the ASGI app streams
 one ``http.response.body`` message per SSE event, as ASGI frameworks do, and
@@ -54,9 +55,10 @@ def uvicorn_main(port: int) -> None:
     from flare.request import ErrorEvent, FinishEvent, TokenEvent
     from flare.server.api.openai.schema import parse_chat
     from flare.server.stream import EventDispatcher, EventStream
-    from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
+    from flare.testing.fake_engine import FakeEngineConfig
+    from flare.testing.flood_engine import FloodEngine
 
-    engine = FakeEngine(FakeEngineConfig(tokens_per_s=0, max_active=64, max_pending=1024))
+    engine = FloodEngine(FakeEngineConfig(max_active=64, max_pending=1024))
     card = {"id": engine.card.id, "object": "model", "created": engine.card.created, "owned_by": "flare",
             "root": engine.card.identifier, "parent": None, "max_model_len": engine.card.max_model_len,
             "capabilities": list(engine.card.capabilities), "aliases": []}
@@ -298,7 +300,7 @@ def main() -> None:
         return
 
     servers = {
-        "flare": [sys.executable, "-m", "flare.testing.fake_engine", "--port", "0", "--tokens-per-s", "0",
+        "flare": [sys.executable, "-m", "flare.testing.flood_engine", "--port", "0",
                   "--model-slots", "64", "--model-queue", "1024", "--queue-capacity", "1024",
                   "--log-level", "warning"],
         "uvicorn": [sys.executable, str(Path(__file__).resolve()), "--uvicorn-app", str(_free_port())],
