@@ -50,8 +50,8 @@ class ErrorRenderer(Protocol):
 # Errors that belong to no route (unknown paths and methods, protocol-level errors).
 DEFAULT_ERRORS: ErrorRenderer = openai_error_response
 # Error codes whose message gets the configured capacity_hint / context_hint.
-CAPACITY_CODES = frozenset({"http_capacity_exhausted", "model_capacity_exhausted", "worker_unavailable",
-                            "shutting_down", "admission_paused"})
+CAPACITY_CODES = frozenset({"http_capacity_exhausted", "capacity_exhausted", "worker_unavailable",
+                            "shutting_down"})
 CONTEXT_CODES = frozenset({"context_length_exceeded"})
 BODY_BYTES_PER_TOKEN = 32  # a context token's worth of request JSON (ServerConfig.max_body_bytes)
 

@@ -86,7 +86,7 @@ class EventStream:
         self._queued = False  # on the dispatcher's ready queue
         self._consumer: Callable[[list[Event]], None] | None = None
         self.is_terminal_received = False  # the consumer has been given Finish/Error
-        self.is_abandoned = False  # the consumer stopped listening (disconnect, shutdown)
+        self.is_abandoned = False  # the consumer stopped listening (its client disconnected)
 
     def sink(self, event: Event) -> None:
         """Called by the runtime's thread (any thread)."""
