@@ -250,6 +250,8 @@ def freeze_startup_heap() -> None:
     walked them all with the GIL held, 40 ms on the demo, so under allocation-heavy
     traffic the event loop (and /health) stalled that long at random. Frozen objects
     are never collected, which they would not be anyway: they live as long as the server.
+    ``serve`` calls it, since it owns the process; an embedding application owns its
+    heap and decides for itself (``Server.start`` does not freeze it).
     """
     gc.collect()
     gc.freeze()
@@ -361,7 +363,6 @@ class Server:
                 started.set()
                 loop.close()
                 return
-            freeze_startup_heap()
             ready["server"] = server
             ready["loop"] = loop
             progress.report("ready", "http://%s:%d" % server.address)
