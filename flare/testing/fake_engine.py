@@ -211,42 +211,10 @@ class FakeEngine:
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
                      options: Mapping[str, Any]) -> PreparedPrompt:
-        pieces: list[str] = []
-        endpoints: list[int] = []
-        num_bytes = 0
-
-        def emit(text: str, mark: bool) -> None:
-            nonlocal num_bytes
-            pieces.append(text)
-            num_bytes += len(text.encode("utf-8"))
-            if mark:
-                endpoints.append(num_bytes)
-
-        if tools:
-            emit("<|im_start|>system\nTools: " + json.dumps(list(tools), sort_keys=True) + "<|im_end|>\n", True)
-        for message in messages:
-            content = message.get("content") or ""
-            if TEMPLATE_ERROR_MARKER in content:
-                raise FrontendError("template raised an exception: fake template error")
-            calls = message.get("tool_calls")
-            if calls:
-                content += "".join("<tool_call>" + json.dumps(c["function"], sort_keys=True) + "</tool_call>"
-                                   for c in calls)
-            emit(f"<|im_start|>{message['role']}\n{content}<|im_end|>\n", True)
-        if options.get("add_generation_prompt", True):
-            emit("<|im_start|>assistant\n", False)
-        text = "".join(pieces)
-        ids = _byte_ids(text)
-        inside = tuple(e for e in endpoints if 0 < e < len(ids))
-        return PreparedPrompt(token_ids=ids, message_endpoints=inside, text=text)
+        return byte_chat_prompt(messages, tools, options)
 
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
-        if isinstance(prompt, str):
-            return PreparedPrompt(token_ids=_byte_ids(prompt), text=prompt)
-        bad = [t for t in prompt if not 0 <= t < VOCAB_SIZE]
-        if bad:
-            raise FrontendError(f"token ID {bad[0]} is outside the vocabulary of {VOCAB_SIZE}")
-        return PreparedPrompt(token_ids=np.asarray(prompt, dtype=np.int32))
+        return byte_text_prompt(prompt)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)
@@ -279,6 +247,49 @@ class FakeEngine:
 
     def close(self, timeout: float | None = None) -> None:
         self.runtime.close(timeout)
+
+
+def byte_chat_prompt(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                     options: Mapping[str, Any]) -> PreparedPrompt:
+    """The fake chat layout (ChatML-like), one token a byte; message ends are its endpoints."""
+    pieces: list[str] = []
+    endpoints: list[int] = []
+    num_bytes = 0
+
+    def emit(text: str, mark: bool) -> None:
+        nonlocal num_bytes
+        pieces.append(text)
+        num_bytes += len(text.encode("utf-8"))
+        if mark:
+            endpoints.append(num_bytes)
+
+    if tools:
+        emit("<|im_start|>system\nTools: " + json.dumps(list(tools), sort_keys=True) + "<|im_end|>\n", True)
+    for message in messages:
+        content = message.get("content") or ""
+        if TEMPLATE_ERROR_MARKER in content:
+            raise FrontendError("template raised an exception: fake template error")
+        calls = message.get("tool_calls")
+        if calls:
+            content += "".join("<tool_call>" + json.dumps(c["function"], sort_keys=True) + "</tool_call>"
+                               for c in calls)
+        emit(f"<|im_start|>{message['role']}\n{content}<|im_end|>\n", True)
+    if options.get("add_generation_prompt", True):
+        emit("<|im_start|>assistant\n", False)
+    text = "".join(pieces)
+    ids = _byte_ids(text)
+    inside = tuple(e for e in endpoints if 0 < e < len(ids))
+    return PreparedPrompt(token_ids=ids, message_endpoints=inside, text=text)
+
+
+def byte_text_prompt(prompt: str | Sequence[int]) -> PreparedPrompt:
+    """A raw prompt, one token a byte, or token IDs checked against the byte vocabulary."""
+    if isinstance(prompt, str):
+        return PreparedPrompt(token_ids=_byte_ids(prompt), text=prompt)
+    bad = [t for t in prompt if not 0 <= t < VOCAB_SIZE]
+    if bad:
+        raise FrontendError(f"token ID {bad[0]} is outside the vocabulary of {VOCAB_SIZE}")
+    return PreparedPrompt(token_ids=np.asarray(prompt, dtype=np.int32))
 
 
 def _byte_ids(text: str) -> np.ndarray:

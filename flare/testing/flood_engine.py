@@ -13,14 +13,16 @@ scheduler, no KV cache, no stop strings: a load source, not a model.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..engine.telemetry import EngineStats
 from ..errors import AdmissionError, Error
-from ..request import ErrorEvent, EventSink, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent, Usage
-from .fake_engine import FILLER, FakeEngine, FakeEngineConfig
+from ..frontend.tokenizer import Tokenizer
+from ..request import ErrorEvent, EventSink, FinishEvent, ModelCard, PreparedPrompt, SamplingParams, TokenEvent, Usage
+from .fake_engine import FILLER, FakeEngineConfig, byte_chat_prompt, byte_text_prompt, byte_tokenizer_json
 
 _FILLER = FILLER.encode("utf-8")
 _TEXTS = tuple(chr(b) for b in range(128))  # the filler is ASCII: one character a token
@@ -56,8 +58,9 @@ class FloodEngine:
     """Implements flare.engine.base.Engine; see the module docstring."""
 
     def __init__(self, config: FakeEngineConfig = FakeEngineConfig()):
-        self._frontend = FakeEngine(config)  # prompt preparation and tokens only
-        self.card = self._frontend.card
+        self._tokenizer = Tokenizer(byte_tokenizer_json())
+        self.card = ModelCard(identifier=config.identifier, served_names=config.served_names,
+                              max_model_len=config.context_len, created=int(time.time()))
         self.context_len = config.context_len
         self.max_active = config.max_active
         self.failure: Error | None = None
@@ -71,13 +74,13 @@ class FloodEngine:
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
                      options: Mapping[str, Any]) -> PreparedPrompt:
-        return self._frontend.prepare_chat(messages, tools=tools, options=options)
+        return byte_chat_prompt(messages, tools, options)
 
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
-        return self._frontend.prepare_text(prompt)
+        return byte_text_prompt(prompt)
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self._frontend.token_bytes(token_id)
+        return self._tokenizer.token_bytes(token_id)
 
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> _Ticket:
         flow = _Flow(len(prompt), params.max_tokens, sink)
@@ -112,7 +115,6 @@ class FloodEngine:
             self._is_closed = True
             self._lock.notify()
         self._thread.join(timeout)
-        self._frontend.close(timeout)
 
     def _run(self) -> None:
         counts = self._counts
