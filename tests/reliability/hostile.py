@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import random
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -172,3 +175,37 @@ def send_raw(host_port: tuple[str, int], data: bytes, *, timeout: float = 10.0) 
         return None
     assert reply.startswith(b"HTTP/1."), reply[:100]
     return int(reply.split(b" ", 2)[1])
+
+
+_PROBE = textwrap.dedent("""
+    import http.client, signal, sys, time
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *args: stop.append(True))
+    worst, count = 0.0, 0
+    conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
+    while not stop:
+        start = time.monotonic()
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200, response.status
+        worst = max(worst, time.monotonic() - start)
+        count += 1
+        time.sleep(0.01)
+    print(worst, count, flush=True)
+""")
+
+
+class HealthProbe:
+    """GET /health every 10 ms from a process of its own (the test's own threads do not
+    delay it) until :meth:`stop`, which returns the worst latency and the probe count."""
+
+    def __init__(self, host_port: tuple[str, int]):
+        self._process = subprocess.Popen([sys.executable, "-c", _PROBE, *map(str, host_port)],
+                                         stdout=subprocess.PIPE, text=True)
+        time.sleep(0.3)  # connected and measuring before the load starts
+
+    def stop(self) -> tuple[float, int]:
+        self._process.terminate()  # the probe stops at SIGTERM and prints its figures
+        worst, count = self._process.communicate(timeout=30)[0].split()
+        return float(worst), int(count)

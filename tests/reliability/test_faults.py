@@ -9,14 +9,12 @@ import http.client
 import json
 import shutil
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from hostile import HealthProbe
 from server_harness import FLARE_SERVE, get_json, launch, metrics, start_subprocess, wait_idle
 
 LONG = {"messages": [{"role": "user", "content": "Talk for a long while."}], "max_tokens": 400,
@@ -155,20 +153,6 @@ def _serve_with_template(checkpoint: Path, out: Path, template: str, *flags: str
     return start_subprocess([*FLARE_SERVE, str(core), "--port", "0", *flags], kind="core")
 
 
-PROBE = textwrap.dedent("""
-    import http.client, sys, time
-    conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
-    worst, end = 0.0, time.monotonic() + float(sys.argv[3])
-    while time.monotonic() < end:
-        t0 = time.monotonic()
-        conn.request("GET", "/health")
-        conn.getresponse().read()
-        worst = max(worst, time.monotonic() - t0)
-        time.sleep(0.01)
-    print(worst)
-""")
-
-
 def test_hostile_templates_are_400s_that_never_stall_the_server(tiny_checkpoint, tmp_path):
     # One server per template would be slow; a core whose template dispatches on the
     # user's message runs every hostile body in one process.
@@ -178,8 +162,7 @@ def test_hostile_templates_are_400s_that_never_stall_the_server(tiny_checkpoint,
     served = _serve_with_template(tiny_checkpoint, tmp_path, template)
     try:
         host, port = served.host_port
-        probe = subprocess.Popen([sys.executable, "-c", PROBE, host, str(port), "30"], stdout=subprocess.PIPE,
-                                 text=True)
+        probe = HealthProbe(served.host_port)
         for name in HOSTILE_TEMPLATES:
             body = {"messages": [{"role": "user", "content": name}], "max_tokens": 2}
             t0 = time.monotonic()
@@ -192,10 +175,9 @@ def test_hostile_templates_are_400s_that_never_stall_the_server(tiny_checkpoint,
             assert response.status == 400, (name, payload)
             assert payload["error"]["message"], name
             assert elapsed < 3.0, (name, elapsed)  # the 2 s render budget, and a little
-        ok = get_json(served, "/v1/models")[0]
-        assert ok == 200
-        probe.terminate()
-        probe.wait()
+        assert get_json(served, "/v1/models")[0] == 200
+        worst, _ = probe.stop()
+        assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while hostile templates rendered"
         plain = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
         conn = http.client.HTTPConnection(host, port, timeout=60)
         conn.request("POST", "/v1/chat/completions", body=json.dumps(plain),
@@ -212,9 +194,7 @@ def test_health_stays_fast_while_a_template_burns_its_budget(tiny_checkpoint, tm
                                   "--template-time-limit", "0.5")
     try:
         host, port = served.host_port
-        probe = subprocess.Popen([sys.executable, "-c", PROBE, host, str(port), "6"], stdout=subprocess.PIPE,
-                                 text=True)
-        time.sleep(0.3)
+        probe = HealthProbe(served.host_port)
 
         times = []
 
@@ -234,7 +214,7 @@ def test_health_stays_fast_while_a_template_burns_its_budget(tiny_checkpoint, tm
             thread.join(30)
         # --template-time-limit 0.5: each request's renders stop at 0.5 s (two workers, four requests).
         assert len(times) == 4 and min(times) < 1.0 and max(times) < 2.5, times
-        worst = float(probe.communicate(timeout=30)[0])
+        worst, _ = probe.stop()
         assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while templates rendered"
         wait_idle(served)
         _log_clean(served)
@@ -246,8 +226,7 @@ def test_megabyte_prompts_do_not_stall_the_event_loop(served):
     """Tokenizing a prompt of a megabyte takes a third of a second: it must not hold the
     event loop (and so /health and every stream) for that long."""
     host, port = served.host_port
-    probe = subprocess.Popen([sys.executable, "-c", PROBE, host, str(port), "5"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+    probe = HealthProbe(served.host_port)
     text = "hello world, " * 80_000  # 1.04 MB, far beyond the context: 400 after tokenizing
     for body, route in (({"prompt": text, "max_tokens": 1}, "/v1/completions"),
                         ({"messages": [{"role": "user", "content": text}], "max_tokens": 1},
@@ -259,7 +238,7 @@ def test_megabyte_prompts_do_not_stall_the_event_loop(served):
         payload = json.loads(response.read())
         assert response.status in (400, 413), payload
         conn.close()
-    worst = float(probe.communicate(timeout=30)[0])
+    worst, _ = probe.stop()
     assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while a long prompt was tokenized"
     wait_idle(served)
     _log_clean(served)
