@@ -10,8 +10,9 @@ from typing import Sequence
 
 from .config import MAX_ACTIVE_LIMIT
 from .core.export import DTYPES, ExportOptions
-from .errors import Error
+from .errors import Error, FrontendError
 from .fixtures import stderr_progress as _progress
+from .request import GENERATION_KEYS
 
 
 def _export_parser(sub) -> None:
@@ -36,6 +37,9 @@ def _export_parser(sub) -> None:
     p.add_argument("--context-hint", default=defaults.context_hint,
                    help="appended to context-length errors")
     p.add_argument("--capacity-hint", default=defaults.capacity_hint, help="appended to capacity errors")
+    p.add_argument("--generation", action="append", default=[], metavar="KEY=VALUE",
+                   help="a request default, over the checkpoint's generation_config.json value (repeatable; "
+                        f"KEY is one of {', '.join(GENERATION_KEYS)})")
 
 
 def _serve_arguments(p: argparse.ArgumentParser, *, core_optional: bool) -> None:
@@ -72,6 +76,27 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(lambda progress: NativeEngine.load(core, config, progress), config)
 
 
+def _generation_settings(items: Sequence[str]) -> tuple[tuple[str, int | float], ...]:
+    """``KEY=VALUE`` items as (key, number) pairs; the last of a repeated key wins. Ranges are
+    ExportOptions.validate's to check."""
+    settings: dict[str, int | float] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or key not in GENERATION_KEYS:
+            raise FrontendError(f"--generation {item!r}: expected KEY=VALUE with KEY one of "
+                                f"{', '.join(GENERATION_KEYS)}")
+        try:
+            value: int | float = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise FrontendError(f"--generation {item!r}: {text!r} is not a number") from None
+        settings[key] = value
+    return tuple(settings.items())
+
+
 def _export(args: argparse.Namespace) -> int:
     from .core.export import export_core
 
@@ -79,6 +104,7 @@ def _export(args: argparse.Namespace) -> int:
         context=args.context, max_active=args.max_active, prefill_chunk_size=args.prefill_chunk_size,
         served_names=tuple(args.served_names), dtype=args.dtype, identifier=args.identifier,
         context_hint=args.context_hint, capacity_hint=args.capacity_hint,
+        generation=_generation_settings(args.generation),
     )
     export_core(args.source, args.output, options, _progress)
     return 0
@@ -95,6 +121,9 @@ def _info(args: argparse.Namespace) -> int:
           f"{r.num_params / 1e6:.1f}M parameters, {core.dtype}")
     print(f"context {c.context}, max_active {c.max_active}, prefill_chunk_size {c.prefill_chunk_size}, "
           f"served names {', '.join(c.served_names) or '-'}")
+    defaults = core.generation.to_json()
+    print("generation defaults: " + (", ".join(f"{k} {v}" for k, v in defaults.items()) if defaults
+                                     else "none (requests get OpenAI's)"))
     print(json.dumps({name: info["sha256"][:16] for name, info in core.assets.items()}, indent=2))
     return 0
 

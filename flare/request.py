@@ -4,16 +4,19 @@ Pure data: no torch, no sockets. The HTTP layer turns request bodies into a
 :class:`PreparedPrompt` (on a frontend worker) and :class:`SamplingParams`,
 hands them to the runtime, and receives :class:`TokenEvent`,
 :class:`FinishEvent` or :class:`ErrorEvent` objects through the sink it gave.
+A model's :class:`GenerationDefaults` (its generation_config.json, recorded in
+the core) fill in what a request leaves out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Union
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping, NamedTuple, Union
 
 import numpy as np
 
-from .errors import Error
+from .errors import Error, FrontendError
 
 MAX_TOP_LOGPROBS = 20
 
@@ -40,6 +43,98 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+
+class _Range(NamedTuple):
+    """A generation default's kind and range: the range a request may set (the OpenAI schema's)."""
+
+    is_integer: bool
+    low: float
+    high: float | None = None  # None = unbounded
+    is_low_open: bool = False  # low itself is excluded
+
+
+_DEFAULT_RANGES = {
+    "temperature": _Range(False, 0.0, 2.0),
+    "top_p": _Range(False, 0.0, 1.0, is_low_open=True),
+    "top_k": _Range(True, -1),  # -1 and 0 disable it
+    "min_p": _Range(False, 0.0, 1.0),
+    "repetition_penalty": _Range(False, 1e-3, 10.0),
+    "max_new_tokens": _Range(True, 1),  # the default max_tokens
+}
+GENERATION_KEYS = tuple(_DEFAULT_RANGES)
+
+
+def generation_problem(key: str, value: Any) -> str | None:
+    """What the default ``key`` (one of GENERATION_KEYS) must be, when ``value`` is not that; else None."""
+    rule = _DEFAULT_RANGES[key]
+    kinds = int if rule.is_integer else (int, float)
+    if isinstance(value, kinds) and not isinstance(value, bool) and (isinstance(value, int) or math.isfinite(value)) \
+            and (value > rule.low if rule.is_low_open else value >= rule.low) \
+            and (rule.high is None or value <= rule.high):
+        return None
+    kind = "an integer" if rule.is_integer else "a number"
+    if rule.high is None:
+        return f"must be {kind} of at least {rule.low:g}"
+    if rule.is_low_open:
+        return f"must be {kind} above {rule.low:g} and at most {rule.high:g}"
+    return f"must be {kind} from {rule.low:g} to {rule.high:g}"
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """A model's default sampling settings (vLLM's ``--generation-config auto``).
+
+    They apply to every generation request that leaves the setting out (null
+    counts as absent); what a request sets wins. A field left None falls back to
+    the built-in OpenAI default (:class:`SamplingParams`' field defaults; for
+    ``max_new_tokens``, the rest of the context). ``max_new_tokens`` is the
+    default ``max_tokens``, clamped to the room the prompt leaves.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # -1 and 0 disable it
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, source: str = "generation defaults") -> "GenerationDefaults":
+        """Checked defaults from ``{key: value}`` (None values count as absent).
+
+        An unknown key or a value out of range raises FrontendError naming ``source``
+        and the key (``param`` is the key).
+        """
+        checked: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in _DEFAULT_RANGES:
+                raise FrontendError(f"{source}: {key!r} is not a generation default; known: "
+                                    f"{', '.join(GENERATION_KEYS)}", param=key)
+            if value is None:
+                continue
+            problem = generation_problem(key, value)
+            if problem is not None:
+                raise FrontendError(f"{source}: {key} {problem}, got {value!r}", param=key)
+            checked[key] = int(value) if _DEFAULT_RANGES[key].is_integer else float(value)
+        return cls(**checked)
+
+    def to_json(self) -> dict[str, int | float]:
+        """The defaults that are set, in GENERATION_KEYS order (core.json's ``generation``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def sampling_default(self, name: str) -> Any:
+        """The default of SamplingParams field ``name``: the model's, else the built-in one."""
+        value = getattr(self, name)
+        return _BUILTIN[name] if value is None else value
+
+    @property
+    def is_empty(self) -> bool:
+        """No default set: every request gets the built-in ones."""
+        return not self.to_json()
+
+
+_BUILTIN = {f.name: f.default for f in fields(SamplingParams)}
 
 
 @dataclass(frozen=True)

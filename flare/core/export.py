@@ -3,7 +3,9 @@
 The core is written into a staging directory beside the output and renamed into
 place only when complete, so a failed export leaves nothing behind. Exporting
 onto an existing core succeeds only when the result is identical (same
-manifest); a directory holding anything else is refused.
+manifest); a directory holding anything else is refused. The core records the
+source's generation defaults (generation_config.json's sampling values, a GGUF's
+``general.sampling.*`` metadata), each overridable with ``ExportOptions.generation``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..config import MAX_ACTIVE_LIMIT, PAGE_TOKENS
 from ..errors import FrontendError
 from ..model.checkpoint import iter_runtime_weights, read_config
 from ..model.spec import ModelSpec
+from ..request import GENERATION_KEYS, GenerationDefaults
 from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, CoreContract, read_manifest, sha256_path
 
 Progress = Callable[[str], None]
@@ -42,6 +45,8 @@ class ExportOptions:
     identifier: str | None = None
     context_hint: str = "re-export the core with a larger --context"
     capacity_hint: str = "raise --max-active when exporting or serving"
+    # (key, value) generation defaults (flare export --generation KEY=VALUE), over the source's
+    generation: tuple[tuple[str, int | float], ...] = ()
 
     def validate(self, spec: ModelSpec) -> tuple[int, torch.dtype]:
         context = self.context or spec.max_position_embeddings
@@ -57,6 +62,7 @@ class ExportOptions:
             raise FrontendError(f"prefill_chunk_size {chunk} exceeds the context {context}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise FrontendError(f"unsupported dtype {self.dtype!r}; choose auto, {', '.join(DTYPES)}")
+        GenerationDefaults.from_mapping(dict(self.generation), source="--generation")
         return context, DTYPES.get(self.dtype, torch.float32)
 
 
@@ -91,7 +97,7 @@ def _token_text(value) -> str | None:
     return value
 
 
-def _frontend_settings(checkpoint: Path, spec: ModelSpec) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+def _frontend_settings(checkpoint: Path, spec: ModelSpec) -> tuple[dict[str, Any], str | None]:
     tokenizer_config = _read_json(checkpoint / "tokenizer_config.json")
     generation_config = _read_json(checkpoint / "generation_config.json")
     eos = generation_config.get("eos_token_id", list(spec.eos_token_ids))
@@ -105,9 +111,21 @@ def _frontend_settings(checkpoint: Path, spec: ModelSpec) -> tuple[dict[str, Any
         "add_bos_token": bool(tokenizer_config.get("add_bos_token", False)),
         "eos_token_ids": eos_ids,
     }
-    generation = {k: generation_config[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")
-                  if k in generation_config}
-    return frontend, generation, _chat_template(checkpoint, tokenizer_config)
+    return frontend, _chat_template(checkpoint, tokenizer_config)
+
+
+def _generation(checkpoint: Path, origin: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The core's request defaults: generation_config.json's sampling values (vLLM reads the
+    same six keys; null counts as absent), each key ``overrides`` sets replaced. ``origin``
+    names where the file's values came from in errors."""
+    generation_config = _read_json(checkpoint / "generation_config.json")
+    source = {k: generation_config[k] for k in GENERATION_KEYS
+              if generation_config.get(k) is not None and k not in overrides}
+    try:
+        GenerationDefaults.from_mapping(source, source=origin)
+    except FrontendError as exc:
+        raise FrontendError(f"{exc} (override it with --generation {exc.param}=VALUE)", param=exc.param) from None
+    return GenerationDefaults.from_mapping({**source, **overrides}).to_json()
 
 
 def _write_weights(checkpoint: Path, spec: ModelSpec, dtype: torch.dtype, staging: Path,
@@ -148,12 +166,14 @@ def export_core(source: Path, output: Path, options: ExportOptions = ExportOptio
     try:
         checkpoint = source
         identifier = options.identifier
+        origin = str(source / "generation_config.json")
         if source.is_file():
             if source.suffix != ".gguf":
                 raise FrontendError(f"{source} is neither a checkpoint directory nor a .gguf file")
             from .gguf import import_gguf
             progress(f"converting {source.name} from GGUF")
             checkpoint = import_gguf(source, staging / "checkpoint", progress)
+            origin = f"{source} (general.sampling metadata)"
             identifier = identifier or source.name.split(".")[0]
         identifier = identifier or source.resolve().name
         config = read_config(checkpoint)
@@ -163,7 +183,8 @@ def export_core(source: Path, output: Path, options: ExportOptions = ExportOptio
             dtype = _source_dtype(config)
         if not (checkpoint / "tokenizer.json").is_file():
             raise FrontendError(f"{checkpoint} has no tokenizer.json")
-        frontend, generation, template = _frontend_settings(checkpoint, spec)
+        frontend, template = _frontend_settings(checkpoint, spec)
+        generation = _generation(checkpoint, origin, dict(options.generation))
         if spec.eos_token_ids != tuple(frontend["eos_token_ids"]):
             spec = ModelSpec.from_json({**spec.to_json(), "eos_token_ids": frontend["eos_token_ids"]})
 

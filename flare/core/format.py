@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ..digest import sha256_file as sha256_path
 from ..errors import CoreError
 from ..model.spec import ModelSpec
+from ..request import GenerationDefaults
 from .layout import check_weights
 from .schema import TEMPLATE_ASSET, check_manifest
 
@@ -64,7 +65,7 @@ class Core:
     recipe: ModelSpec
     dtype: str
     contract: CoreContract
-    generation: dict[str, Any]
+    generation: GenerationDefaults  # request defaults (core.json "generation")
     assets: dict[str, dict[str, Any]]
     manifest: dict[str, Any]
 
@@ -173,7 +174,7 @@ def load_core(path: Path, *, verify: bool = True, progress: Progress | None = No
         recipe=recipe,
         dtype=data["dtype"],
         contract=CoreContract.from_json(data["contract"]),
-        generation=data.get("generation") or {},
+        generation=GenerationDefaults.from_mapping(data.get("generation") or {}),
         assets=assets,
         manifest=data,
     )

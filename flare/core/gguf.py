@@ -11,7 +11,8 @@ inverse of that reordering. Which GGUF architectures import, as which Hugging
 Face architecture, and whether their q/k rows are permuted, each family declares
 (flare/model/architectures/: ``gguf_architecture``, ``gguf_permuted_qk``);
 Qwen2/Qwen3 GGUFs are stored unpermuted. The tensor names below are llama.cpp's,
-shared by every family.
+shared by every family. llama.cpp's recommended-sampling metadata
+(``general.sampling.*``) becomes generation_config.json's sampling values.
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ _GLOBAL_NAMES = {
 }
 
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# llama.cpp's general.sampling.* keys (gguf-py Keys.General.SAMPLING_*) -> generation_config.json's.
+# The others (sequence, xtc_*, penalty_last_n, mirostat*) have no Flare sampler; they are dropped.
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
 
 
 def _field(reader, key: str, default=None):
@@ -62,6 +72,18 @@ def _field(reader, key: str, default=None):
     if f is None:
         return default
     return f.contents()
+
+
+def sampling_defaults(reader) -> dict[str, int | float]:
+    """The GGUF's recommended sampling (``general.sampling.*``) as generation_config.json keys."""
+    out: dict[str, int | float] = {}
+    for gguf_key, hf_key in _SAMPLING_KEYS.items():
+        value = _field(reader, gguf_key)
+        if isinstance(value, float):  # stored as float32: keep its shortest decimal (0.7, not 0.699999988)
+            value = float(str(np.float32(value)))
+        if value is not None:
+            out[hf_key] = value
+    return out
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -176,6 +198,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None
         generation = {"eos_token_id": list(tokenizer.eos_token_ids)}
         if tokenizer.bos_token_id is not None:
             generation["bos_token_id"] = tokenizer.bos_token_id
+        generation.update(sampling_defaults(reader))
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)

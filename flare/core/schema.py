@@ -18,6 +18,7 @@ from ..config import MAX_ACTIVE_LIMIT, PAGE_TOKENS
 from ..errors import CoreError
 from ..model import architectures
 from ..model.spec import ModelSpec
+from ..request import GENERATION_KEYS, generation_problem
 
 DTYPES = ("float32", "bfloat16", "float16")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -116,13 +117,7 @@ def check_manifest(file: Path, data: dict[str, Any]) -> None:
         top.fail("dtype", f"must be one of {', '.join(DTYPES)}, got {_shown(dtype)}")
     recipe = check_recipe(_Fields(file, top.get("recipe"), "recipe"))
     check_contract(_Fields(file, top.get("contract"), "contract"), recipe)
-    generation = _Fields(file, top.get("generation", None) or {}, "generation")
-    for key in ("temperature", "top_p", "repetition_penalty"):
-        value = generation.get(key, None)
-        if value is not None and not (_is_number(value) and value >= 0):
-            generation.fail(key, f"must be a non-negative number, got {_shown(value)}")
-    if generation.get("top_k", None) is not None:
-        generation.count("top_k", low=-1)
+    check_generation(_Fields(file, top.get("generation", None) or {}, "generation"))
     check_assets(_Fields(file, top.get("assets"), "assets"))
 
 
@@ -160,6 +155,15 @@ def check_recipe(recipe: _Fields) -> dict[str, Any]:
                                     f"got {_shown(bos)}")
     eos = recipe.token_ids("eos_token_ids", dims["vocab_size"], default=[])
     return {**dims, "eos_token_ids": eos}
+
+
+def check_generation(generation: _Fields) -> None:
+    """Request defaults: the keys of GENERATION_KEYS, each null or in the range a request may set."""
+    generation.only(GENERATION_KEYS)
+    for key, value in generation.data.items():
+        problem = None if value is None else generation_problem(key, value)
+        if problem is not None:
+            generation.fail(key, f"{problem}, got {_shown(value)}")
 
 
 def check_contract(contract: _Fields, recipe: Mapping[str, Any]) -> None:

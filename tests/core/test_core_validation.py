@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.errors import CoreError, FrontendError
+from flare.request import GenerationDefaults
 from tests.model.harness import save_tiny
 
 WEIGHTS = "weights-00001.safetensors"
@@ -157,6 +158,20 @@ DAMAGES = {
     "recipe_missing_field": (_edit_field("recipe.vocab_size", None), "core.json", "recipe.vocab_size is missing"),
     "eos_beyond_vocab": (_edit_field("recipe.eos_token_ids", [999]), "core.json",
                          "recipe.eos_token_ids must be a list of token ids below recipe.vocab_size 128"),
+    "generation_temperature_too_high": (_edit_field("generation.temperature", 5), "core.json",
+                                        "generation.temperature must be a number from 0 to 2, got 5"),
+    "generation_top_p_zero": (_edit_field("generation.top_p", 0), "core.json",
+                              "generation.top_p must be a number above 0 and at most 1, got 0"),
+    "generation_top_k_float": (_edit_field("generation.top_k", 40.0), "core.json",
+                               "generation.top_k must be an integer of at least -1, got 40.0"),
+    "generation_max_new_tokens_zero": (_edit_field("generation.max_new_tokens", 0), "core.json",
+                                       "generation.max_new_tokens must be an integer of at least 1, got 0"),
+    "generation_penalty_a_string": (_edit_field("generation.repetition_penalty", "1.1"), "core.json",
+                                    'generation.repetition_penalty must be a number from 0.001 to 10, got "1.1"'),
+    "generation_unknown_key": (_edit_field("generation.do_sample", True), "core.json",
+                               "generation.do_sample is not a field of this format version"),
+    "generation_not_an_object": (_edit_field("generation", "greedy"), "core.json",
+                                 'generation must be a JSON object, got "greedy"'),
     "bad_asset_digest": (_edit_field(("assets", WEIGHTS, "sha256"), "abc"), "core.json",
                          f"assets.{WEIGHTS}.sha256 must be 64 lowercase hex digits"),
     "asset_outside_the_core": (_edit_field(("assets", "../secret"), {"bytes": 1, "sha256": "0" * 64}), "core.json",
@@ -197,6 +212,11 @@ def test_undamaged_core_loads(core):
     assert loaded.chat_template == TEMPLATE
 
 
+def test_recorded_generation_defaults_load_typed(core):
+    _edit_field("generation", {"temperature": 1, "top_k": -1, "max_new_tokens": 32, "min_p": None})(core)
+    assert load_core(core).generation == GenerationDefaults(temperature=1.0, top_k=-1, max_new_tokens=32)
+
+
 def _cli(*args: str, entry: str = "main") -> subprocess.CompletedProcess:
     code = f"import sys; from flare.cli import {entry}; sys.exit({entry}(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
@@ -206,10 +226,11 @@ def test_cli_info_prints_an_undamaged_core(core):
     run = _cli("info", str(core))
     assert run.returncode == 0, run.stderr
     assert "LlamaForCausalLM, 2 layers, hidden 32" in run.stdout and "served names tiny" in run.stdout
+    assert "generation defaults: none (requests get OpenAI's)" in run.stdout
 
 
 CLI_DAMAGES = ["layers_one_fewer_in_recipe", "tensor_wrong_shape", "stale_contract_template_hash",
-               "manifest_a_list", "zero_page_tokens", "weights_missing"]
+               "manifest_a_list", "zero_page_tokens", "weights_missing", "generation_top_p_zero"]
 
 
 @pytest.mark.parametrize("damage", CLI_DAMAGES)

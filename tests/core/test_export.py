@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.errors import FrontendError
+from flare.request import GenerationDefaults
 from tests.model.harness import save_tiny
 
 
@@ -145,3 +146,108 @@ def test_cli_export_and_info(checkpoint, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "flare.cli", "export", str(checkpoint), "-o", str(tmp_path / "x"),
                           "--prefill-chunk-size", "100"], capture_output=True, text=True)
     assert bad.returncode == 2 and "multiple of 64" in bad.stderr
+
+
+# -- generation defaults ------------------------------------------------------------------------
+
+GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.95,
+                     "top_k": 20, "min_p": 0, "repetition_penalty": 1.05, "max_new_tokens": 512, "typical_p": None}
+
+
+def _with_generation_config(checkpoint, tmp_path, values):
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    for f in checkpoint.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    (out / "generation_config.json").write_text(json.dumps(values))
+    return out
+
+
+def test_export_records_generation_defaults_and_overrides_win(checkpoint, tmp_path):
+    source = _with_generation_config(checkpoint, tmp_path, GENERATION_CONFIG)
+    out = export_core(source, tmp_path / "core", ExportOptions(
+        context=256, prefill_chunk_size=128, generation=(("temperature", 0.3), ("max_new_tokens", 100))))
+    expected = {"temperature": 0.3, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.05,
+                "max_new_tokens": 100}
+    assert json.loads((out / "core.json").read_text())["generation"] == expected
+    assert load_core(out).generation == GenerationDefaults(**expected)
+    # without generation_config.json sampling values or overrides, nothing is recorded
+    plain = export_core(checkpoint, tmp_path / "plain", ExportOptions(context=256, prefill_chunk_size=128))
+    assert load_core(plain).generation.is_empty
+
+
+def test_a_bad_source_value_names_the_file_unless_overridden(checkpoint, tmp_path):
+    source = _with_generation_config(checkpoint, tmp_path, {**GENERATION_CONFIG, "top_p": 0})
+    with pytest.raises(FrontendError) as info:
+        export_core(source, tmp_path / "core", ExportOptions(context=256, prefill_chunk_size=128))
+    assert str(info.value) == (f"{source / 'generation_config.json'}: top_p must be a number above 0 and at most 1, "
+                               "got 0 (override it with --generation top_p=VALUE)")
+    assert not (tmp_path / "core").exists() and _leftovers(tmp_path) == []
+    out = export_core(source, tmp_path / "core", ExportOptions(context=256, prefill_chunk_size=128,
+                                                               generation=(("top_p", 0.9),)))
+    assert load_core(out).generation.top_p == 0.9
+
+
+@pytest.mark.parametrize("generation,message", [
+    ((("temperature", 3),), "--generation: temperature must be a number from 0 to 2, got 3"),
+    ((("seed", 1),), "--generation: 'seed' is not a generation default"),
+])
+def test_bad_generation_options_are_refused(checkpoint, tmp_path, generation, message):
+    with pytest.raises(FrontendError, match=message):
+        export_core(checkpoint, tmp_path / "core", ExportOptions(context=256, prefill_chunk_size=128,
+                                                                 generation=generation))
+    assert not (tmp_path / "core").exists()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "flare.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_export_generation(checkpoint, tmp_path):
+    out = tmp_path / "core"
+    run = _cli("export", str(checkpoint), "-o", str(out), "--context", "256", "--prefill-chunk-size", "128",
+               "--generation", "temperature=0.7", "--generation", "top_k=40", "--generation", "max_new_tokens=64")
+    assert run.returncode == 0, run.stderr
+    assert load_core(out).generation == GenerationDefaults(temperature=0.7, top_k=40, max_new_tokens=64)
+    info = _cli("info", str(out))
+    assert info.returncode == 0 and "generation defaults: temperature 0.7, top_k 40, max_new_tokens 64" in info.stdout
+    for item, needle in (("seed=1", "expected KEY=VALUE with KEY one of temperature, top_p"),
+                         ("temperature", "expected KEY=VALUE"),
+                         ("temperature=warm", "'warm' is not a number"),
+                         ("top_k=2.5", "top_k must be an integer of at least -1, got 2.5"),
+                         ("top_p=0", "top_p must be a number above 0 and at most 1, got 0")):
+        bad = _cli("export", str(checkpoint), "-o", str(tmp_path / "x"), "--context", "256",
+                   "--prefill-chunk-size", "128", "--generation", item)
+        lines = bad.stderr.strip().splitlines()
+        assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("flare: error: "), bad.stderr
+        assert needle in lines[0], lines[0]
+        assert not (tmp_path / "x").exists()
+
+
+def _gguf_with_metadata(source, path, metadata: dict) -> None:
+    """A copy of ``source`` with ``metadata`` ({key: (GGUFValueType, value)}) added, through gguf-py's own
+    gguf_new_metadata."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(path), reader.fields["general.architecture"].contents(), endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {k: MetadataDetails(t, v) for k, (t, v) in metadata.items()}, [])
+
+
+def test_gguf_sampling_metadata_becomes_generation_defaults(tmp_path):
+    import gguf
+
+    from flare import fixtures
+    from flare.core.gguf import sampling_defaults
+    smollm2 = fixtures.smollm2_gguf()
+    assert sampling_defaults(gguf.GGUFReader(str(smollm2))) == {}  # the demo's GGUF carries none
+    kind = gguf.GGUFValueType
+    path = tmp_path / "sampled.gguf"
+    _gguf_with_metadata(smollm2, path, {
+        "general.sampling.temp": (kind.FLOAT32, 0.7), "general.sampling.top_k": (kind.INT32, 40),
+        "general.sampling.top_p": (kind.FLOAT32, 0.95), "general.sampling.min_p": (kind.FLOAT32, 0.05),
+        "general.sampling.penalty_repeat": (kind.FLOAT32, 1.1), "general.sampling.mirostat": (kind.UINT8, 2)})
+    out = export_core(path, tmp_path / "core", ExportOptions(context=256, prefill_chunk_size=128,
+                                                             generation=(("top_p", 0.8),)))
+    assert load_core(out).generation == GenerationDefaults(temperature=0.7, top_p=0.8, top_k=40, min_p=0.05,
+                                                           repetition_penalty=1.1)
