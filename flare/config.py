@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 PAGE_TOKENS = 64
 MAX_ACTIVE_LIMIT = 64
+# ServerConfig.generation_config: "model" applies the core's generation defaults (its
+# generation_config.json) to requests, "none" OpenAI's built-in ones (vLLM's auto / vllm).
+GENERATION_CONFIGS = ("model", "none")
 
 
 @dataclass(frozen=True)
@@ -67,4 +70,5 @@ class ServerConfig:
     log_level: str = "info"  # debug, info, warning, error or critical
     context_hint: str = ""  # appended to context-length errors: the setting that raises the limit
     capacity_hint: str = ""  # appended to 429/503 capacity errors: the setting that raises the limit
+    generation_config: str = "model"  # request defaults: the core's generation values, or "none" (OpenAI's)
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -89,7 +89,7 @@ def uvicorn_main(port: int) -> None:
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
-        gen = parse_chat(json.loads(b"".join(chunks)))
+        gen = parse_chat(json.loads(b"".join(chunks)), engine.generation_defaults)
         prompt = engine.prepare_chat(gen.messages, tools=gen.tools, options=gen.chat_options)
         params = gen.sampling_params(len(prompt), engine.context_len)
         nonlocal dispatcher

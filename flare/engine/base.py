@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import Error
-from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
+from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
 from .telemetry import EngineStats
 
 
@@ -37,6 +37,9 @@ class Engine(Protocol):
     context_len: int  # prompt + output tokens must fit
     max_active: int  # concurrent model requests (sizes the HTTP queue: 4 x max_active by default)
     failure: Error | None  # set when the runtime failed and cannot go on (the server then exits 1)
+    # The model's request defaults (its generation_config.json, recorded in the core); the
+    # server applies them unless --generation-config none.
+    generation_defaults: GenerationDefaults
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
                      options: Mapping[str, Any]) -> PreparedPrompt:

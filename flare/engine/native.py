@@ -14,7 +14,7 @@ from ..core.format import Core, load_core
 from ..errors import FrontendError
 from ..frontend.frontend import AssetFingerprints, Frontend, TokenSettings
 from ..frontend.template.limits import TemplateLimits
-from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
+from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
 from .model import NativeModel
 from .telemetry import EngineStats
 
@@ -54,6 +54,7 @@ class NativeEngine:
         core = model.core
         self.context_len = model.context_len
         self.max_active = model.loaded.contract.max_active
+        self.generation_defaults: GenerationDefaults = core.generation
         capabilities = ("completion", "chat") if frontend.template is not None else ("completion",)
         self.card = ModelCard(identifier=core.identifier,
                               served_names=tuple(served_names) or core.contract.served_names,

@@ -28,6 +28,7 @@ from ..engine.base import Engine
 from ..engine.telemetry import EngineStats
 from ..errors import Error
 from ..frontend import parsers
+from ..request import GenerationDefaults
 from .admission import FrontendPool, HttpAdmission
 from .api.openai.errors import error_response as openai_error_response
 from .metrics import ServerMetrics
@@ -76,6 +77,12 @@ class ServerState:
         if not card.max_model_len:
             card = dataclasses.replace(card, max_model_len=engine.context_len)
         self.card = card
+        # What requests leave out: the model's defaults unless --generation-config none.
+        self.generation_defaults = engine.generation_defaults if config.generation_config == "model" \
+            else GenerationDefaults()
+        if not self.generation_defaults.is_empty:
+            log.info("request defaults from the model's generation config: %s (--generation-config none "
+                     "for OpenAI's)", ", ".join(f"{k}={v}" for k, v in self.generation_defaults.to_json().items()))
         self.max_active = int(getattr(engine, "max_active", 0) or config.engine.max_active or MAX_ACTIVE_LIMIT)
         self.queue_capacity = config.queue_capacity or 4 * self.max_active
         self.admission = HttpAdmission(self.queue_capacity + self.max_active)

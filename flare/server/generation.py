@@ -99,14 +99,20 @@ SamplingResolver = Callable[[int, int, str], SamplingParams]  # (prompt_len, con
 
 
 def resolve_max_tokens(max_tokens: int | None, prompt_len: int, context_len: int, *, param: str,
-                       prompt_param: str, context_hint: str = "") -> int:
-    """``max_tokens`` (None: the rest of the context); 400 when prompt + output do not fit.
+                       prompt_param: str, context_hint: str = "", default: int | None = None) -> int:
+    """``max_tokens``; 400 when prompt + output do not fit.
 
-    ``param`` names the request's max_tokens field, ``prompt_param`` the prompt's
-    (blamed when no max_tokens was given).
+    Without ``max_tokens``, the model's ``default`` (its max_new_tokens) clamped to the
+    room the prompt leaves, else the rest of the context: only an explicit max_tokens
+    that does not fit is refused, or a prompt that leaves no room at all. ``param``
+    names the request's max_tokens field, ``prompt_param`` the prompt's (blamed when
+    no max_tokens was given).
     """
     remaining = context_len - prompt_len
-    resolved = max_tokens if max_tokens is not None else remaining
+    if max_tokens is not None:
+        resolved = max_tokens
+    else:
+        resolved = remaining if default is None else min(default, remaining)
     if resolved < 1 or prompt_len + resolved > context_len:
         requested = f"max_tokens of {max_tokens}" if max_tokens is not None else "at least one output token"
         raise AdmissionError(

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import MAX_ACTIVE_LIMIT, EngineConfig, ServerConfig
+from ..config import GENERATION_CONFIGS, MAX_ACTIVE_LIMIT, EngineConfig, ServerConfig
 from ..errors import Error
 
 ENV_PREFIX = "FLARE_"
@@ -46,6 +46,8 @@ _FLAGS = (
     ("--shutdown-grace", "shutdown_grace_s", "seconds active responses get to finish on shutdown"),
     ("--context-hint", "context_hint", "appended to context-length errors: how to raise the limit"),
     ("--capacity-hint", "capacity_hint", "appended to capacity errors: how to raise the limit"),
+    ("--generation-config", "generation_config", "request defaults: 'model' (the core's generation_config.json "
+                                                 "values) or 'none' (OpenAI's: temperature 1, top_p 1)"),
 )
 
 
@@ -183,6 +185,8 @@ def _validate(config: ServerConfig) -> None:
         (config.request_timeout_s > 0, "request_timeout_s must be positive"),
         (config.keepalive_timeout_s > 0, "keepalive_timeout_s must be positive"),
         (config.shutdown_grace_s >= 0, "shutdown_grace_s must be non-negative"),
+        (config.generation_config in GENERATION_CONFIGS,
+         f"generation_config must be one of {', '.join(GENERATION_CONFIGS)}, got {config.generation_config!r}"),
     )
     for ok, message in checks:
         if not ok:

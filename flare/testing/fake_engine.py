@@ -49,7 +49,7 @@ from ..engine.runtime import ModelRuntime, RuntimeTicket
 from ..engine.telemetry import EngineStats
 from ..errors import AdmissionError, Error, ExecutionError, FrontendError
 from ..frontend.tokenizer import Tokenizer, _bytes_to_unicode
-from ..request import EventSink, ModelCard, PreparedPrompt, SamplingParams
+from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
 from ..scheduler.scheduler import RequestScheduler
 from .fake_executor import FakeExecutor
 
@@ -94,6 +94,7 @@ class FakeEngineConfig:
     tokens_per_s: float = 200.0  # per request (one decode step); 0 = steps back to back
     reply_prefix: str = "You said: "
     capacity_hint: str = ""  # appended to the runtime's capacity errors (ServerConfig.capacity_hint)
+    generation: GenerationDefaults = GenerationDefaults()  # the model's request defaults (none by default)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ class FakeEngine:
         self.config = config
         self.context_len = config.context_len
         self.max_active = config.max_active
+        self.generation_defaults = config.generation
         self.card = ModelCard(identifier=config.identifier, served_names=config.served_names,
                               max_model_len=config.context_len, created=int(time.time()))
         self.tokenizer = Tokenizer(byte_tokenizer_json())

@@ -63,6 +63,7 @@ class FloodEngine:
                               max_model_len=config.context_len, created=int(time.time()))
         self.context_len = config.context_len
         self.max_active = config.max_active
+        self.generation_defaults = config.generation
         self.failure: Error | None = None
         self._capacity = config.max_active + config.max_pending
         self._lock = threading.Condition()

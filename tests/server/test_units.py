@@ -11,7 +11,7 @@ import pytest
 from flare.config import ServerConfig
 from flare.engine.telemetry import EngineStats
 from flare.errors import AdmissionError, ExecutionError
-from flare.request import ErrorEvent, FinishEvent, SamplingParams, TokenEvent, Usage
+from flare.request import ErrorEvent, FinishEvent, GenerationDefaults, SamplingParams, TokenEvent, Usage
 from flare.server.admission import FrontendPool, HttpAdmission
 from flare.server.api.openai.schema import parse_chat, parse_completion
 from flare.server.app import ServerState
@@ -20,14 +20,15 @@ from flare.server.stream import EventDispatcher, EventStream
 from flare.testing.fake_engine import EOS_ID, FakeEngine, FakeEngineConfig
 
 USER = [{"role": "user", "content": "hi"}]
+NO_DEFAULTS = GenerationDefaults()  # the built-in (OpenAI) defaults
 
 
 # -- validation -----------------------------------------------------------------------
 
 def test_chat_defaults_and_sampling_fields():
     gen = parse_chat({"model": "m", "messages": USER, "temperature": 0, "top_k": -1, "stop": "END",
-                      "max_completion_tokens": 7, "max_tokens": 99, "seed": 3, "logprobs": True,
-                      "top_logprobs": 2, "stream": True, "stream_options": {"include_usage": True}})
+                      "max_completion_tokens": 7, "max_tokens": 99, "seed": 3, "logprobs": True, "top_logprobs": 2,
+                      "stream": True, "stream_options": {"include_usage": True}}, NO_DEFAULTS)
     params = gen.sampling_params(prompt_len=10, context_len=100)
     assert params.max_tokens == 7 and params.is_greedy and params.top_k == 0 and params.stop == ("END",)
     assert params.seed == 3 and params.logprobs and params.top_logprobs == 2
@@ -35,7 +36,7 @@ def test_chat_defaults_and_sampling_fields():
 
 
 def test_max_tokens_defaults_to_the_rest_of_the_context():
-    gen = parse_chat({"messages": USER})
+    gen = parse_chat({"messages": USER}, NO_DEFAULTS)
     assert gen.sampling_params(prompt_len=30, context_len=100).max_tokens == 70
     with pytest.raises(AdmissionError) as info:
         gen.sampling_params(prompt_len=100, context_len=100, context_hint="use a bigger core")
@@ -49,7 +50,7 @@ def test_messages_are_normalized_for_templates():
         {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
             {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
         {"role": "tool", "content": "r", "tool_call_id": "1"}],
-        "chat_template_kwargs": {"enable_thinking": False}})
+        "chat_template_kwargs": {"enable_thinking": False}}, NO_DEFAULTS)
     user, assistant, tool = gen.messages
     assert user == {"role": "user", "content": "a\nb", "name": "u"}
     assert assistant["tool_calls"][0]["function"]["arguments"] == {"x": 1} and assistant["content"] is None
@@ -65,19 +66,19 @@ def test_messages_are_normalized_for_templates():
 def test_chat_rejects_bad_values(field, value):
     with pytest.raises(AdmissionError) as info:
         parse_chat({"messages": USER, "logprobs": True, field: value} if field == "top_logprobs"
-                   else {"messages": USER, field: value})
+                   else {"messages": USER, field: value}, NO_DEFAULTS)
     assert info.value.status == 400 and field in str(info.value)
 
 
 def test_completion_prompt_forms():
-    assert parse_completion({"prompt": "x"}).prompt == "x"
-    assert parse_completion({"prompt": ["x"]}).prompt == "x"
-    assert parse_completion({"prompt": [[1, 2]]}).prompt == [1, 2]
-    gen = parse_completion({"prompt": [5], "logprobs": 0})
+    assert parse_completion({"prompt": "x"}, NO_DEFAULTS).prompt == "x"
+    assert parse_completion({"prompt": ["x"]}, NO_DEFAULTS).prompt == "x"
+    assert parse_completion({"prompt": [[1, 2]]}, NO_DEFAULTS).prompt == [1, 2]
+    gen = parse_completion({"prompt": [5], "logprobs": 0}, NO_DEFAULTS)
     assert gen.sampling["logprobs"] and gen.sampling["top_logprobs"] == 0
     for bad in ([[1], [2]], [], [1.5], None, 3):
         with pytest.raises(AdmissionError):
-            parse_completion({"prompt": bad})
+            parse_completion({"prompt": bad}, NO_DEFAULTS)
 
 
 # -- metrics ----------------------------------------------------------------------------
@@ -98,6 +99,7 @@ class _StatsEngine:
         self.card = ModelCard(identifier="x")
         self.context_len = 128
         self.max_active = 4
+        self.generation_defaults = NO_DEFAULTS
 
     def stats(self):
         return self._stats

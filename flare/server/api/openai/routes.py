@@ -44,7 +44,9 @@ def model_card(state: "ServerState") -> dict[str, Any]:
     return {"id": card.id, "object": "model", "created": card.created, "owned_by": "flare", "root": card.identifier,
             "parent": None, "max_model_len": card.max_model_len, "capabilities": list(card.capabilities),
             "aliases": [name for name in (card.identifier, *card.served_names) if name and name != card.id],
-            **card.extra}
+            # the defaults requests get (the rest are OpenAI's), and where they come from
+            "generation_config": state.config.generation_config,
+            "generation_defaults": state.generation_defaults.to_json(), **card.extra}
 
 
 def list_models(state: "ServerState") -> Response:
@@ -72,7 +74,7 @@ def _check_model(state: "ServerState", gen: GenerationRequest) -> None:
 
 
 async def chat_completions(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
-    gen = parse_chat(_json_body(state, request))
+    gen = parse_chat(_json_body(state, request), state.generation_defaults)
     _check_model(state, gen)
     engine = state.engine
     return await generate(state, request, conn, ChatFormat(state, gen),
@@ -81,7 +83,7 @@ async def chat_completions(state: "ServerState", request: HttpRequest, conn: Htt
 
 
 async def completions(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
-    gen = parse_completion(_json_body(state, request))
+    gen = parse_completion(_json_body(state, request), state.generation_defaults)
     _check_model(state, gen)
     engine = state.engine
     # Raw text in, raw text out: completions are never parsed for reasoning or tool calls.

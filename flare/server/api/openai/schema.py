@@ -5,7 +5,10 @@ a value we cannot honour (``n`` > 1, ``response_format`` json, a non-empty
 ``logit_bias``), is a 400 naming it, never silently ignored. ``null`` counts
 as absent, as in the OpenAI API. The result is a :class:`GenerationRequest`
 whose sampling settings become :class:`SamplingParams` once the prompt
-length is known (``max_tokens`` defaults to the rest of the context).
+length is known. What a request leaves out comes from the served model's
+:class:`GenerationDefaults`, else OpenAI's defaults (``max_tokens``: the model's
+``max_new_tokens`` clamped to the room the prompt leaves, else the rest of the
+context).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ....errors import AdmissionError
-from ....request import MAX_TOP_LOGPROBS, SamplingParams
+from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import decode_json, shorten
 
@@ -54,7 +57,8 @@ class GenerationRequest:
     chat_options: dict[str, Any] = field(default_factory=dict)
     prompt: str | list[int] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields but max_tokens
-    max_tokens: int | None = None  # None = the rest of the context
+    max_tokens: int | None = None  # None = default_max_tokens, else the rest of the context
+    default_max_tokens: int | None = None  # the model's max_new_tokens, clamped to the room left
     stream: bool = False
     include_usage: bool = False
 
@@ -62,7 +66,7 @@ class GenerationRequest:
         """Resolve max_tokens against the context; 400 when prompt + output do not fit."""
         max_tokens = resolve_max_tokens(self.max_tokens, prompt_len, context_len, param="max_tokens",
                                         prompt_param="messages" if self.is_chat else "prompt",
-                                        context_hint=context_hint)
+                                        context_hint=context_hint, default=self.default_max_tokens)
         return SamplingParams(max_tokens=max_tokens, **self.sampling)
 
 
@@ -114,8 +118,11 @@ def _check_fields(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
         raise _unsupported(f"unsupported field(s): {', '.join(names)}{more}", names[0])
 
 
-def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+def _sampling(body: Mapping[str, Any], defaults: GenerationDefaults) -> dict[str, Any]:
+    """SamplingParams fields but max_tokens and logprobs; ``defaults`` fill in what the body leaves out."""
     top_k = _int(body, "top_k", -1)
+    if top_k is None:
+        top_k = defaults.top_k
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -145,13 +152,14 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     if body.get("logit_bias"):
         raise _unsupported("'logit_bias' is not supported", "logit_bias")
     return {
-        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
-        "top_p": _top_p(body),
+        "temperature": _number(body, "temperature", defaults.sampling_default("temperature"), 0.0, 2.0),
+        "top_p": _top_p(body, defaults.sampling_default("top_p")),
         "top_k": 0 if top_k in (None, -1) else top_k,
-        "min_p": _number(body, "min_p", 0.0, 0.0, 1.0),
+        "min_p": _number(body, "min_p", defaults.sampling_default("min_p"), 0.0, 1.0),
         "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
         "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        "repetition_penalty": _number(body, "repetition_penalty", 1.0, 1e-3, 10.0),
+        "repetition_penalty": _number(body, "repetition_penalty", defaults.sampling_default("repetition_penalty"),
+                                      1e-3, 10.0),
         "seed": seed,
         "stop": stops,
         "stop_token_ids": tuple(stop_ids),
@@ -172,8 +180,8 @@ def _name(value: Any, param: str) -> str:
     return value
 
 
-def _top_p(body: Mapping[str, Any]) -> float:
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+def _top_p(body: Mapping[str, Any], default: float) -> float:
+    top_p = _number(body, "top_p", default, 0.0, 1.0)
     if top_p <= 0.0:
         raise _invalid("'top_p' must be greater than 0", "top_p")
     return top_p
@@ -198,8 +206,8 @@ def _model(body: Mapping[str, Any]) -> str | None:
     return None if model is None else _name(model, "model")
 
 
-def parse_chat(body: Any) -> GenerationRequest:
-    """Validate a /v1/chat/completions body."""
+def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
+    """Validate a /v1/chat/completions body; ``defaults`` are the served model's."""
     if not isinstance(body, dict):
         raise _invalid("request body must be a JSON object", None)
     _check_fields(body, CHAT_FIELDS)
@@ -232,15 +240,16 @@ def parse_chat(body: Any) -> GenerationRequest:
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
     stream = _bool(body, "stream")
-    sampling = _sampling(body)
+    sampling = _sampling(body, defaults)
     sampling.update(logprobs=logprobs, top_logprobs=top_logprobs or 0)
     return GenerationRequest(is_chat=True, model=_model(body), messages=normalized, tools=tools,
-                             chat_options=options, sampling=sampling, max_tokens=max_tokens, stream=stream,
+                             chat_options=options, sampling=sampling, max_tokens=max_tokens,
+                             default_max_tokens=defaults.max_new_tokens, stream=stream,
                              include_usage=_stream_options(body, stream))
 
 
-def parse_completion(body: Any) -> GenerationRequest:
-    """Validate a /v1/completions body."""
+def parse_completion(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
+    """Validate a /v1/completions body; ``defaults`` are the served model's."""
     if not isinstance(body, dict):
         raise _invalid("request body must be a JSON object", None)
     _check_fields(body, COMPLETION_FIELDS)
@@ -261,11 +270,11 @@ def parse_completion(body: Any) -> GenerationRequest:
         raise _unsupported("'suffix' is not supported", "suffix")
     logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     stream = _bool(body, "stream")
-    sampling = _sampling(body)
+    sampling = _sampling(body, defaults)
     sampling.update(logprobs=logprobs is not None, top_logprobs=logprobs or 0)
     return GenerationRequest(is_chat=False, model=_model(body), prompt=prompt, sampling=sampling,
-                             max_tokens=_int(body, "max_tokens", 1), stream=stream,
-                             include_usage=_stream_options(body, stream))
+                             max_tokens=_int(body, "max_tokens", 1), default_max_tokens=defaults.max_new_tokens,
+                             stream=stream, include_usage=_stream_options(body, stream))
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
