@@ -98,6 +98,7 @@ class LiveRequest:
         self.targets: list[int] = []  # checkpoint endpoints still to capture
         self.target_rows: list[int] = []  # their reserved snapshot rows
         self.terminal_row = -1  # snapshot row reserved for a terminal capture
+        self.terminal_fence = 0  # the fence that makes the published terminal checkpoint visible
         self.snapshot_due = -1  # endpoint whose snapshot is the next step (SNAPSHOTTING)
         self.ended: Ended | None = None
         self.cancelled = False

@@ -228,10 +228,36 @@ class RequestScheduler:
     def _admit_queued(self, now: float) -> None:
         while self.queue and self.slots.num_free and not self._admission_blocked:
             req = self.queue[0]
+            if self._awaits_terminal(req):
+                return  # the turn it continues is publishing its terminal checkpoint: admit after it
             if not self._admit(req, now):
                 self._admission_blocked = True
                 return
             self.queue.popleft()
+
+    def _awaits_terminal(self, req: LiveRequest) -> bool:
+        """Whether an ended request's pending terminal capture would prefix ``req``'s prompt.
+
+        A client sends the next turn as soon as the last one's final token arrives, which
+        is before that request's terminal snapshot is taken (and the checkpoint stays
+        invisible until the snapshot's fence completes); admitting the next turn then
+        would miss the whole previous turn. Waiting for the capture (one snapshot step)
+        lets the lookup find it.
+        """
+        for other in self.live.values():
+            if other.ended is None or other.cancelled:
+                continue
+            if other.terminal_row < 0 and other.terminal_fence <= self.completed_fence:
+                continue  # no capture pending, or its checkpoint is already visible
+            endpoint = other.planned
+            if endpoint > req.prompt_len or endpoint <= other.prompt_len:
+                continue
+            if not np.array_equal(req.prompt[:other.prompt_len], other.prompt):
+                continue
+            sampled = other.sampled[:endpoint - other.prompt_len]
+            if np.array_equal(req.prompt[other.prompt_len:other.prompt_len + len(sampled)], sampled):
+                return True
+        return False
 
     def _admit(self, req: LiveRequest, now: float) -> bool:
         length = req.prompt_len
@@ -383,6 +409,7 @@ class RequestScheduler:
             endpoint = req.planned
             req.history.append(np.asarray(req.sampled[:endpoint - req.prompt_len], dtype=np.int32))
             req.terminal_row = -1
+            req.terminal_fence = fence
         else:
             endpoint = req.snapshot_due
             i = req.targets.index(endpoint)

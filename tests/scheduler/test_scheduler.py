@@ -496,3 +496,37 @@ def test_short_prompts_prefill_together_and_match_solo_runs():
         assert d.tokens[rid] == alone(p, m, 3)
         assert d.ended[rid].reason == "length"
     assert sched.num_live == 0 and sched.reserved_pages == 0
+
+
+def test_next_turn_sent_at_eos_waits_for_the_terminal_checkpoint():
+    """A client sends the next turn the moment the EOS arrives, before the finished
+    request's terminal snapshot is taken: admission waits for that capture, so the
+    next turn reuses the whole previous turn (prompt, reply and the EOS, which the
+    pipelined decode after it consumed)."""
+    sched, ex, d, _ = make(manual=True, context=2048, pages=100, eos=(999,), eos_token=999, eos_every=6)
+    sched.submit(prompt(tokens(2, 10)), params(4), 0)  # measure prefill, decode and snapshot first
+    for _ in range(100):
+        d.pump()
+        ex.step(2)
+    p = tokens(5, 90)
+    rid = sched.submit(prompt(p), params(40), 0)
+    for _ in range(400):
+        d.pump(max_completions=1)
+        ex.step(1)
+        if rid in d.ended:
+            break
+    assert d.ended[rid].reason == "stop"
+    req = sched.live[rid]
+    assert req.terminal_row >= 0 or req.terminal_fence > sched.completed_fence, "terminal capture not pending"
+    reply = d.tokens[rid]  # ends with the EOS
+    follow = np.concatenate([p, np.asarray(reply), tokens(6, 5)])
+    before = sched.cache.counters().reused_tokens
+    rid2 = sched.submit(prompt(follow), params(2), 0)
+    for _ in range(400):
+        d.pump()
+        ex.step(2)
+        if rid2 in d.ended and not sched.inflight:
+            break
+    assert d.ended[rid2].reason == "length"
+    consumed = req.planned  # prompt, reply and EOS (a pipelined decode ran on the EOS)
+    assert sched.cache.counters().reused_tokens - before >= min(consumed, len(p) + len(reply))
