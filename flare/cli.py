@@ -37,6 +37,8 @@ def _export_parser(sub) -> None:
     p.add_argument("--context-hint", default=defaults.context_hint,
                    help="appended to context-length errors")
     p.add_argument("--capacity-hint", default=defaults.capacity_hint, help="appended to capacity errors")
+    p.add_argument("--chat-template", type=Path, default=None, metavar="FILE",
+                   help="a Jinja chat template exported instead of the checkpoint's (checked to compile)")
     p.add_argument("--generation", action="append", default=[], metavar="KEY=VALUE",
                    help="a request default, over the checkpoint's generation_config.json value (repeatable; "
                         f"KEY is one of {', '.join(GENERATION_KEYS)})")
@@ -73,6 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
         # Refuse a bad core here, as one line and exit 2, before the server starts: every
         # check but the full SHA-256 pass, which the engine's load makes.
         load_core(core, verify=False)
+    if config.chat_template:
+        _template_text(Path(config.chat_template))  # one line and exit 2 before any weight is read
     return serve(lambda progress: NativeEngine.load(core, config, progress), config)
 
 
@@ -97,6 +101,14 @@ def _generation_settings(items: Sequence[str]) -> tuple[tuple[str, int | float],
     return tuple(settings.items())
 
 
+def _template_text(path: Path | None) -> str | None:
+    """A --chat-template file's text, refused (line and column) unless it compiles."""
+    if path is None:
+        return None
+    from .frontend.frontend import read_template_file
+    return read_template_file(path).decode("utf-8")
+
+
 def _export(args: argparse.Namespace) -> int:
     from .core.export import export_core
 
@@ -104,7 +116,7 @@ def _export(args: argparse.Namespace) -> int:
         context=args.context, max_active=args.max_active, prefill_chunk_size=args.prefill_chunk_size,
         served_names=tuple(args.served_names), dtype=args.dtype, identifier=args.identifier,
         context_hint=args.context_hint, capacity_hint=args.capacity_hint,
-        generation=_generation_settings(args.generation),
+        generation=_generation_settings(args.generation), chat_template=_template_text(args.chat_template),
     )
     export_core(args.source, args.output, options, _progress)
     return 0

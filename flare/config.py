@@ -71,4 +71,6 @@ class ServerConfig:
     context_hint: str = ""  # appended to context-length errors: the setting that raises the limit
     capacity_hint: str = ""  # appended to 429/503 capacity errors: the setting that raises the limit
     generation_config: str = "model"  # request defaults: the core's generation values, or "none" (OpenAI's)
+    chat_template: str | None = None  # a chat template file served instead of the core's (--chat-template)
+    trust_request_chat_template: bool = False  # requests may carry their own chat_template (vLLM's flag)
     engine: EngineConfig = field(default_factory=EngineConfig)

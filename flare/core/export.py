@@ -47,6 +47,9 @@ class ExportOptions:
     capacity_hint: str = "raise --max-active when exporting or serving"
     # (key, value) generation defaults (flare export --generation KEY=VALUE), over the source's
     generation: tuple[tuple[str, int | float], ...] = ()
+    # A template source exported instead of the checkpoint's (flare export --chat-template FILE; the
+    # command checks that it compiles).
+    chat_template: str | None = None
 
     def validate(self, spec: ModelSpec) -> tuple[int, torch.dtype]:
         context = self.context or spec.max_position_embeddings
@@ -184,6 +187,9 @@ def export_core(source: Path, output: Path, options: ExportOptions = ExportOptio
         if not (checkpoint / "tokenizer.json").is_file():
             raise FrontendError(f"{checkpoint} has no tokenizer.json")
         frontend, template = _frontend_settings(checkpoint, spec)
+        if options.chat_template is not None:
+            template = options.chat_template
+            progress("chat template: the one given, not the checkpoint's")
         generation = _generation(checkpoint, origin, dict(options.generation))
         if spec.eos_token_ids != tuple(frontend["eos_token_ids"]):
             spec = ModelSpec.from_json({**spec.to_json(), "eos_token_ids": frontend["eos_token_ids"]})

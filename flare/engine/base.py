@@ -42,15 +42,25 @@ class Engine(Protocol):
     generation_defaults: GenerationDefaults
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-                     options: Mapping[str, Any]) -> PreparedPrompt:
+                     options: Mapping[str, Any], chat_template: str | None = None) -> PreparedPrompt:
         """Render the chat template and tokenize. ``options`` holds add_generation_prompt,
-        enable_thinking and other chat_template_kwargs."""
+        documents, enable_thinking and other chat_template_kwargs; ``chat_template`` is a
+        request's own template (the server checked it may send one)."""
 
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
         """Tokenize a raw completion prompt (a string or token IDs)."""
 
     def token_bytes(self, token_id: int) -> bytes:
         """The UTF-8 bytes a single token decodes to (for logprobs output)."""
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Tokenize text as /tokenize and completions do."""
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Detokenize with special tokens kept (/detokenize); FrontendError for IDs outside the vocabulary."""
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """The vocabulary string of each token (/tokenize's token_strs)."""
 
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RequestTicket: ...
 

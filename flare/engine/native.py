@@ -12,7 +12,8 @@ import numpy as np
 from ..config import ServerConfig
 from ..core.format import Core, load_core
 from ..errors import FrontendError
-from ..frontend.frontend import AssetFingerprints, Frontend, TokenSettings
+from ..frontend.annotations import sha256_hex
+from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings, read_template_file
 from ..frontend.template.limits import TemplateLimits
 from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
 from .model import NativeModel
@@ -45,12 +46,30 @@ def load_frontend(core: Core, limits: TemplateLimits | None = None) -> Frontend:
     return Frontend.load(core.asset("tokenizer.json").read_bytes(), template, expected, tokens, limits=limits)
 
 
+def override_template(frontend: Frontend, path: Path) -> Frontend:
+    """``frontend`` with the chat template in ``path`` (--chat-template), annotated and fingerprinted like
+    an exported one; FrontendError (naming the line and column) when it does not compile."""
+    data = read_template_file(path, frontend.limits)
+    return frontend.with_chat_template(data, sha256_hex(data))
+
+
+def template_card(core: Core, frontend: Frontend) -> dict[str, Any] | None:
+    """What /v1/models reports about the template served: where it came from, its fingerprint, its forms."""
+    if frontend.template is None:
+        return None
+    digest = frontend.fingerprints.chat_template
+    exported = core.assets.get("chat_template.jinja", {}).get("sha256")
+    return {"sha256": digest, "source": "core" if digest == exported else "override",
+            "endpoint_path": frontend.endpoint_path, "forms": frontend.forms.to_json()}
+
+
 class NativeEngine:
     """Implements flare.engine.base.Engine for a prepared core."""
 
     def __init__(self, model: NativeModel, frontend: Frontend, served_names: Sequence[str] = ()):
         self.model = model
         self.frontend = frontend
+        self.request_templates = RequestTemplates(frontend)
         core = model.core
         self.context_len = model.context_len
         self.max_active = model.loaded.contract.max_active
@@ -60,7 +79,8 @@ class NativeEngine:
                               served_names=tuple(served_names) or core.contract.served_names,
                               max_model_len=self.context_len, capabilities=capabilities,
                               created=int(time.time()),
-                              extra={"endpoint_path": frontend.endpoint_path, "dtype": core.dtype})
+                              extra={"endpoint_path": frontend.endpoint_path, "dtype": core.dtype,
+                                     "chat_template": template_card(core, frontend)})
 
     @classmethod
     def load(cls, core_path: str | Path, config: ServerConfig, progress=None) -> "NativeEngine":
@@ -71,7 +91,12 @@ class NativeEngine:
 
         core = load_core(Path(core_path), progress=say)
         frontend = load_frontend(core, template_limits(config))
-        say(f"chat template endpoints: {frontend.endpoint_path}")
+        if config.chat_template:
+            frontend = override_template(frontend, Path(config.chat_template))
+            say(f"chat template {config.chat_template} (sha256 {frontend.fingerprints.chat_template[:16]}) "
+                f"replaces the core's")
+        say(f"chat template endpoints: {frontend.endpoint_path}; forms: content {frontend.forms.content}, "
+            f"tool-call arguments {frontend.forms.arguments}")
         capacity = (config.queue_capacity or 4 * (config.engine.max_active or core.contract.max_active)) \
             + (config.engine.max_active or core.contract.max_active)
         model = NativeModel.load(core, config.engine, progress=say,
@@ -84,8 +109,9 @@ class NativeEngine:
         return self.model.runtime.failure
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-                     options: Mapping[str, Any]) -> PreparedPrompt:
-        return self.frontend.prepare_chat(messages, tools, options)
+                     options: Mapping[str, Any], chat_template: str | None = None) -> PreparedPrompt:
+        frontend = self.frontend if chat_template is None else self.request_templates.get(chat_template)
+        return frontend.prepare_chat(messages, tools, options)
 
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
         if isinstance(prompt, str):
@@ -99,6 +125,15 @@ class NativeEngine:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.frontend.token_bytes(token_id)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.frontend.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.frontend.decode(self.frontend.check_token_ids(token_ids), skip_special_tokens=False)
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        return self.frontend.token_strings(token_ids)
 
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink):
         return self.model.submit(prompt, params, sink)

@@ -23,8 +23,10 @@ frontend thread for the sum of its renders.
 
 from __future__ import annotations
 
-import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -32,6 +34,7 @@ import numpy as np
 from ..errors import FrontendError
 from ..request import PreparedPrompt
 from .annotations import AnnotatedTemplate, annotate_template, differential_endpoints, sha256_hex
+from .forms import TemplateForms, adapt_arguments, adapt_content, detect_forms
 from .template import CompiledTemplate, RenderBudget, TemplateBudgetError, TemplateLimits, compile_template
 from .tokenizer import IncrementalDecoder, Tokenizer
 
@@ -120,6 +123,8 @@ class Frontend:
         self.fingerprints = fingerprints
         self._bos_id = self._token_id(settings.bos_token) if settings.add_bos_token else None
         self._eos_id = self._token_id(settings.eos_token) if settings.add_eos_token else None
+        # The input forms the template takes (content string/parts, arguments string/mapping), probed once.
+        self.forms = detect_forms(self._probe_render) if compiled is not None else TemplateForms()
 
     @classmethod
     def load(cls, tokenizer_json: bytes, chat_template: bytes | None, expected: AssetFingerprints,
@@ -164,9 +169,10 @@ class Frontend:
         continue_final = merged.pop("continue_final_message", False)
         if continue_final and add_generation_prompt:
             raise FrontendError("continue_final_message and add_generation_prompt are not compatible")
-        chat = prepare_messages(messages)
+        chat = prepare_messages(messages, self.forms)
+        documents = prepare_documents(merged.pop("documents", None))
         context = {**self.settings.special_tokens_map(), **merged, "messages": chat,
-                   "tools": prepare_tools(tools), "documents": None,
+                   "tools": prepare_tools(tools), "documents": documents,
                    "add_generation_prompt": add_generation_prompt}
         continue_text = None
         if continue_final:
@@ -186,6 +192,12 @@ class Frontend:
             # Any shorter prefix of a preserved prefix is preserved too: round down to a token boundary.
             return self._tokenize(text, prompt, cuts, round_down=True)
         return self._tokenize(text, prompt, cuts)
+
+    def _probe_render(self, probe: Mapping[str, Any]) -> str:
+        """Render a form probe over the context every request starts from (detect_forms)."""
+        context = {**self.settings.special_tokens_map(), "add_generation_prompt": True, **self.defaults,
+                   "tools": None, "documents": None, **probe}
+        return self._compiled.render(context)
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
                      options: Mapping[str, Any] | None = None) -> PreparedPrompt:
@@ -237,6 +249,19 @@ class Frontend:
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)
 
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's vocabulary string (``convert_ids_to_tokens``); "" for an ID the vocabulary lacks."""
+        return [self.tokenizer.id_to_token(int(t)) or "" for t in token_ids]
+
+    def check_token_ids(self, token_ids: Sequence[int]) -> list[int]:
+        """``token_ids`` as ints, or FrontendError naming the first outside the vocabulary."""
+        size = self.tokenizer.vocab_size
+        ids = [int(t) for t in token_ids]
+        bad = next((t for t in ids if not 0 <= t < size), None)
+        if bad is not None:
+            raise FrontendError(f"token ID {bad} is outside the vocabulary of {size}")
+        return ids
+
     def _token_id(self, token: str | None) -> int | None:
         if token is None:
             return None
@@ -244,6 +269,62 @@ class Frontend:
         if token_id is None:
             raise FrontendError(f"special token {token!r} is not in the vocabulary")
         return token_id
+
+
+class RequestTemplates:
+    """Frontends for chat templates that requests carry (--trust-request-chat-template).
+
+    Each distinct template is compiled, annotated and probed once over the base
+    frontend's tokenizer and settings, then kept in a bounded LRU keyed by its
+    SHA-256; thread-safe (frontend workers share it). A template that fails to
+    compile raises FrontendError naming the line and column, and is not kept.
+    """
+
+    def __init__(self, base: Frontend, capacity: int = 8):
+        self.base = base
+        self.capacity = capacity
+        self._frontends: OrderedDict[str, Frontend] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._frontends)
+
+    def get(self, source: str) -> Frontend:
+        data = source.encode("utf-8")
+        digest = sha256_hex(data)
+        with self._lock:
+            frontend = self._frontends.get(digest)
+            if frontend is not None:
+                self._frontends.move_to_end(digest)
+                return frontend
+        frontend = self.base.with_chat_template(data, digest)  # compiled outside the lock
+        with self._lock:
+            self._frontends[digest] = frontend
+            self._frontends.move_to_end(digest)
+            while len(self._frontends) > self.capacity:
+                self._frontends.popitem(last=False)
+        return frontend
+
+
+def read_template_file(path: str | Path, limits: TemplateLimits | None = None) -> bytes:
+    """The bytes of a chat-template file (--chat-template), checked to be UTF-8 and to compile.
+
+    FrontendError names the file, and the line and column of a compile error.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FrontendError(f"cannot read chat template {path}: {exc.strerror or exc}") from None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FrontendError(f"chat template {path} is not UTF-8: {exc}") from None
+    try:
+        compile_template(annotate_template(data).text, limits)
+    except FrontendError as exc:
+        raise FrontendError(f"chat template {path}: {exc}") from None
+    return data
 
 
 def _load_template(chat_template: bytes, expected: str | None,
@@ -267,12 +348,14 @@ def _verify(asset: str, data: bytes, expected: str) -> None:
 
 # -- inputs --------------------------------------------------------------------
 
-def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Fresh message dicts as Transformers hands them to templates.
+def prepare_messages(messages: Sequence[Mapping[str, Any]], forms: TemplateForms = TemplateForms()) -> list[dict]:
+    """Fresh message dicts as Transformers hands them to templates, in the forms the template takes.
 
-    Keys whose value is None are dropped, reasoning is aliased under all three
-    names, and tool-call arguments given as JSON strings are parsed into objects
-    (key order kept); the caller's messages are never modified.
+    Keys whose value is None are dropped and reasoning is aliased under all
+    three names (both as Transformers does); content and tool-call arguments
+    keep the client's form unless ``forms`` says the template cannot take it
+    (frontend/forms.py). Arguments strings must hold JSON objects either way.
+    The caller's messages are never modified.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise FrontendError("messages must be a list of message objects")
@@ -283,9 +366,11 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
         if not isinstance(message, Mapping):
             raise FrontendError(f"messages[{index}] must be an object, got {type(message).__name__}")
         out = {key: value for key, value in message.items() if value is not None}
+        if "content" in out:
+            out["content"] = adapt_content(out["content"], forms.content)
         calls = out.get("tool_calls")
         if calls is not None:
-            out["tool_calls"] = _prepare_tool_calls(calls, index)
+            out["tool_calls"] = _prepare_tool_calls(calls, index, forms.arguments)
         reasoning = next((out[key] for key in REASONING_FIELDS if out.get(key) is not None), None)
         if reasoning is not None:
             out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
@@ -293,7 +378,7 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     return chat
 
 
-def _prepare_tool_calls(calls: Any, index: int) -> list:
+def _prepare_tool_calls(calls: Any, index: int, form: str) -> list:
     if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
         raise FrontendError(f"messages[{index}].tool_calls must be a list")
     prepared = []
@@ -301,31 +386,28 @@ def _prepare_tool_calls(calls: Any, index: int) -> list:
         if not isinstance(call, Mapping):
             raise FrontendError(f"messages[{index}].tool_calls[{number}] must be an object")
         call = dict(call)
+        where = f"messages[{index}].tool_calls[{number}] arguments"
         function = call.get("function")
         if isinstance(function, Mapping):
             function = dict(function)
-            function["arguments"] = _parse_arguments(function.get("arguments"), index, number)
+            function["arguments"] = adapt_arguments(function.get("arguments"), form, where)
             call["function"] = function
         elif "arguments" in call:
-            call["arguments"] = _parse_arguments(call["arguments"], index, number)
+            call["arguments"] = adapt_arguments(call["arguments"], form, where)
         prepared.append(call)
     return prepared
 
 
-def _parse_arguments(arguments: Any, index: int, number: int) -> Any:
-    where = f"messages[{index}].tool_calls[{number}] arguments"
-    if arguments is None or isinstance(arguments, Mapping):
-        return arguments
-    if not isinstance(arguments, str):
-        raise FrontendError(f"{where} must be a JSON object or a string holding one, "
-                            f"got {type(arguments).__name__}")
-    try:
-        parsed = json.loads(arguments)
-    except ValueError as exc:
-        raise FrontendError(f"{where} are not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise FrontendError(f"{where} must be a JSON object, got {type(parsed).__name__}")
-    return parsed
+def prepare_documents(documents: Any) -> list | None:
+    """RAG documents for the template (``documents``): a list of objects, as Transformers requires."""
+    if documents is None:
+        return None
+    if isinstance(documents, (str, bytes)) or not isinstance(documents, Sequence):
+        raise FrontendError("documents must be a list of document objects")
+    for number, document in enumerate(documents):
+        if not isinstance(document, Mapping):
+            raise FrontendError(f"documents[{number}] must be an object, got {type(document).__name__}")
+    return [dict(document) for document in documents]
 
 
 def prepare_tools(tools: Sequence[Mapping[str, Any]] | None) -> list | None:

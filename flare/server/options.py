@@ -22,6 +22,7 @@ from ..errors import Error
 
 ENV_PREFIX = "FLARE_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 _SERVER_FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig) if f.name != "engine"}
 _ENGINE_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig) if f.name != "policy"}
 _SERVER_TYPES = typing.get_type_hints(ServerConfig)
@@ -48,6 +49,12 @@ _FLAGS = (
     ("--capacity-hint", "capacity_hint", "appended to capacity errors: how to raise the limit"),
     ("--generation-config", "generation_config", "request defaults: 'model' (the core's generation_config.json "
                                                  "values) or 'none' (OpenAI's: temperature 1, top_p 1)"),
+    ("--chat-template", "chat_template", "a Jinja chat template FILE served instead of the core's"),
+)
+# Switches: present means true.
+_SWITCHES = (
+    ("--trust-request-chat-template", "trust_request_chat_template",
+     "accept a 'chat_template' field in chat and /tokenize requests (rendered in the sandboxed VM)"),
 )
 
 
@@ -71,6 +78,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         kind = _type_of(name)
         group.add_argument(flag, dest=name, type=_argparse_type(kind), default=argparse.SUPPRESS,
                            help=f"{help_text} (default: {_default(name)!r})")
+    for flag, name, help_text in _SWITCHES:
+        group.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=help_text)
     group.add_argument("--served-name", dest="served_names", action="append", default=argparse.SUPPRESS,
                        metavar="NAME", help="a model name clients may use; repeatable; the first is the "
                                             "id in /v1/models (default: the checkpoint identifier)")
@@ -140,6 +149,12 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 return tuple(value)
             raise TypeError("expected a list of strings")
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+                return _BOOL_WORDS[value.strip().lower()]
+            raise TypeError("expected true or false")
         if kind is int:
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise TypeError("expected an integer")

@@ -48,6 +48,9 @@ from ..contract import GraphKind, GraphSpec, PreparedContract
 from ..engine.runtime import ModelRuntime, RuntimeTicket
 from ..engine.telemetry import EngineStats
 from ..errors import AdmissionError, Error, ExecutionError, FrontendError
+from ..frontend.annotations import sha256_hex
+from ..frontend.forms import STRING, adapt_content
+from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings
 from ..frontend.tokenizer import Tokenizer, _bytes_to_unicode
 from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
 from ..scheduler.scheduler import RequestScheduler
@@ -189,6 +192,10 @@ class FakeEngine:
         self.card = ModelCard(identifier=config.identifier, served_names=config.served_names,
                               max_model_len=config.context_len, created=int(time.time()))
         self.tokenizer = Tokenizer(byte_tokenizer_json())
+        tokenizer_json = byte_tokenizer_json()
+        self._frontend = Frontend.load(tokenizer_json, None, AssetFingerprints(sha256_hex(tokenizer_json)),
+                                       TokenSettings(eos_token="<|im_end|>"))
+        self._request_templates = RequestTemplates(self._frontend)
         capacity = config.max_active + config.max_pending
         self._replies = _Replies(max(MIN_REMEMBERED_PROMPTS, 2 * capacity))
         contract = fake_contract(config)
@@ -212,7 +219,9 @@ class FakeEngine:
     # -- frontend (worker threads) -------------------------------------------
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-                     options: Mapping[str, Any]) -> PreparedPrompt:
+                     options: Mapping[str, Any], chat_template: str | None = None) -> PreparedPrompt:
+        if chat_template is not None:  # a request's own template: the real frontend over the byte tokenizer
+            return self._request_templates.get(chat_template).prepare_chat(messages, tools, options)
         return byte_chat_prompt(messages, tools, options)
 
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
@@ -220,6 +229,15 @@ class FakeEngine:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return _byte_ids(text).tolist()  # the byte vocabulary has no special tokens to add
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._frontend.decode(self._frontend.check_token_ids(token_ids), skip_special_tokens=False)
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        return self._frontend.token_strings(token_ids)
 
     # -- admission (event loop) ----------------------------------------------
 
@@ -268,7 +286,7 @@ def byte_chat_prompt(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapp
     if tools:
         emit("<|im_start|>system\nTools: " + json.dumps(list(tools), sort_keys=True) + "<|im_end|>\n", True)
     for message in messages:
-        content = message.get("content") or ""
+        content = adapt_content(message.get("content"), STRING) or ""  # a string-content template
         if TEMPLATE_ERROR_MARKER in content:
             raise FrontendError("template raised an exception: fake template error")
         calls = message.get("tool_calls")

@@ -19,6 +19,7 @@ from flare import fixtures
 from flare.core.gguf_tokenizer import convert_gguf_file
 from flare.errors import FrontendError
 from flare.frontend.annotations import PATH_ANNOTATION, PATH_DIFFERENTIAL, PATH_MARKED, sha256_hex
+from flare.frontend.forms import TemplateForms
 from flare.frontend.frontend import AssetFingerprints, Frontend, TokenSettings, prepare_messages, token_endpoints
 from flare.request import PreparedPrompt
 
@@ -267,7 +268,10 @@ def test_messages_are_not_modified_and_content_is_preserved(frontend):
     assert "\n  spaced\tout \u200b text  <|im_end|>" in rendered.text
     prepared = prepare_messages(messages)
     assert "name" not in prepared[0]
-    assert prepared[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    # Arguments keep the client's form unless the template needs the other (frontend/forms.py).
+    assert prepared[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    as_mapping = prepare_messages(messages, TemplateForms(arguments="mapping"))
+    assert as_mapping[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
     reasoning = prepare_messages([{"role": "assistant", "content": "x", "reasoning": "r"}])[0]
     assert reasoning["reasoning_content"] == reasoning["thinking"] == "r"
 

@@ -106,9 +106,11 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
            served_names: tuple[str, ...] = (), tokens_per_s: float = 400.0, model_queue: int = 64,
            subprocess_mode: bool = False, context_hint: str = "", capacity_hint: str = "",
            max_body_bytes: int = 0, shutdown_grace_s: float | None = None, context_len: int = 4096,
-           request_timeout_s: float | None = None) -> Served:
-    """Start a server of ``kind`` with these settings."""
-    flags: list[str] = ["--host", "127.0.0.1", "--port", "0"]
+           request_timeout_s: float | None = None, extra_flags: tuple[str, ...] = ()) -> Served:
+    """Start a server of ``kind`` with these settings (``extra_flags``: more flare-serve flags, real kinds only)."""
+    if extra_flags and kind == "fake":
+        raise ValueError("extra_flags are flare-serve flags; the fake kind takes settings")
+    flags: list[str] = ["--host", "127.0.0.1", "--port", "0", *extra_flags]
     if api_key:
         flags += ["--api-key", api_key]
     if queue_capacity:

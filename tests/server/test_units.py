@@ -44,24 +44,38 @@ def test_max_tokens_defaults_to_the_rest_of_the_context():
     assert "context of 100 tokens" in str(info.value) and "use a bigger core" in str(info.value)
 
 
-def test_messages_are_normalized_for_templates():
+def test_messages_keep_the_clients_forms():
+    """Parts stay parts, argument strings stay strings, unknown keys and [] tools pass (frontend/forms.py
+    adapts them to the template); only what the API itself forbids is refused."""
     gen = parse_chat({"messages": [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "u"},
-        {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
-            {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
-        {"role": "tool", "content": "r", "tool_call_id": "1"}],
+        {"role": "assistant", "content": None, "refusal": None, "reasoning_content": "hm", "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"x":  1}'}},
+            {"id": "2", "type": "function", "function": {"name": "g", "arguments": ""}}]},
+        {"role": "tool", "content": "r", "tool_call_id": "1", "x_extra": [1]}],
+        "tools": [], "documents": [{"title": "t", "text": "d"}],
         "chat_template_kwargs": {"enable_thinking": False}}, NO_DEFAULTS)
     user, assistant, tool = gen.messages
-    assert user == {"role": "user", "content": "a\nb", "name": "u"}
-    assert assistant["tool_calls"][0]["function"]["arguments"] == {"x": 1} and assistant["content"] is None
-    assert tool["tool_call_id"] == "1"
-    assert gen.chat_options == {"add_generation_prompt": True, "enable_thinking": False}
+    assert user == {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    "name": "u"}
+    calls = assistant["tool_calls"]
+    assert calls[0]["function"]["arguments"] == '{"x":  1}' and calls[1]["function"]["arguments"] == ""
+    assert assistant["content"] is None and assistant["reasoning_content"] == "hm"
+    assert tool["tool_call_id"] == "1" and tool["x_extra"] == [1]
+    assert gen.tools == []
+    assert gen.chat_options == {"add_generation_prompt": True, "documents": [{"title": "t", "text": "d"}],
+                                "enable_thinking": False}
+    for bad in ('{"x": ', "[1]", "3"):
+        with pytest.raises(AdmissionError) as info:
+            parse_chat({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+                {"type": "function", "function": {"name": "f", "arguments": bad}}]}]}, NO_DEFAULTS)
+        assert info.value.status == 400 and "arguments" in str(info.value)
 
 
 @pytest.mark.parametrize("field,value", [
     ("top_p", 0), ("top_p", 1.5), ("min_p", -0.1), ("presence_penalty", 3), ("repetition_penalty", 0),
     ("seed", "x"), ("stop", [1]), ("stop_token_ids", [-1]), ("logprobs", "yes"), ("top_logprobs", 21),
-    ("max_tokens", True), ("stream", 1), ("store", True), ("audio", {}),
+    ("max_tokens", True), ("stream", 1), ("store", True), ("documents", "d"), ("chat_template", 3),
 ])
 def test_chat_rejects_bad_values(field, value):
     with pytest.raises(AdmissionError) as info:

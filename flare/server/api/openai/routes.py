@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions.
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions (and vLLM's /tokenize, /detokenize).
 
 A generation route validates its body (schema.py), checks the model name and
 hands the rest to the shared generation layer (server/generation.py) with
@@ -20,6 +20,7 @@ from ...response import Response
 from .errors import error_response
 from .format import ChatFormat, CompletionFormat
 from .schema import GenerationRequest, parse_chat, parse_completion
+from .tokenize import check_request_template, detokenize, tokenize
 
 if TYPE_CHECKING:
     from ...app import Router, ServerState
@@ -34,6 +35,11 @@ def install(router: "Router", state: "ServerState") -> None:
     router.add("POST", "/v1/chat/completions", lambda request, conn: chat_completions(state, request, conn),
                generation=True, errors=error_response)
     router.add("POST", "/v1/completions", lambda request, conn: completions(state, request, conn), generation=True,
+               errors=error_response)
+    # vLLM's tokenizer routes; they share the frontend workers, so they take admission permits too.
+    router.add("POST", "/tokenize", lambda request, conn: tokenize(state, request, conn), generation=True,
+               errors=error_response)
+    router.add("POST", "/detokenize", lambda request, conn: detokenize(state, request, conn), generation=True,
                errors=error_response)
 
 
@@ -76,9 +82,11 @@ def _check_model(state: "ServerState", gen: GenerationRequest) -> None:
 async def chat_completions(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
     gen = parse_chat(_json_body(state, request), state.generation_defaults)
     _check_model(state, gen)
+    check_request_template(state, gen.chat_template)
     engine = state.engine
     return await generate(state, request, conn, ChatFormat(state, gen),
-                          lambda: engine.prepare_chat(gen.messages, tools=gen.tools, options=gen.chat_options),
+                          lambda: engine.prepare_chat(gen.messages, tools=gen.tools, options=gen.chat_options,
+                                                      chat_template=gen.chat_template),
                           gen.sampling_params, stream=gen.stream, parser=state.output_parser)
 
 

@@ -28,16 +28,14 @@ _COMMON = frozenset({
     "repetition_penalty", "seed", "stop", "stop_token_ids", "max_tokens", "n", "logprobs", "ignore_eos",
     "stream", "stream_options", "user", "logit_bias",
 })
-CHAT_FIELDS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
-                         "top_logprobs", "chat_template_kwargs", "add_generation_prompt", "response_format",
-                         "store"}
+# What a chat prompt is made of (chat completions and /tokenize share them).
+CHAT_PROMPT_FIELDS = frozenset({"messages", "tools", "documents", "chat_template", "chat_template_kwargs",
+                                "add_generation_prompt", "continue_final_message"})
+CHAT_FIELDS = _COMMON | CHAT_PROMPT_FIELDS | {"tool_choice", "parallel_tool_calls", "max_completion_tokens",
+                                              "top_logprobs", "response_format", "store"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-# Message keys passed to the template; the *_NULL ones are accepted only when
-# null/empty (the SDK echoes them back from earlier responses).
-_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning"})
-_MESSAGE_KEYS_NULL = frozenset({"refusal", "function_call", "audio", "annotations"})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024  # one stop string
 MAX_NAME_CHARS = 1024  # model names, message names, tool call IDs and function names
@@ -55,6 +53,7 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     chat_options: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None  # a request's own template (--trust-request-chat-template)
     prompt: str | list[int] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields but max_tokens
     max_tokens: int | None = None  # None = default_max_tokens, else the rest of the context
@@ -206,21 +205,51 @@ def _model(body: Mapping[str, Any]) -> str | None:
     return None if model is None else _name(model, "model")
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """What the template renders: messages, tools and options (chat_template_kwargs included)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    options: dict[str, Any]
+    chat_template: str | None = None
+
+
+def chat_prompt(body: Mapping[str, Any]) -> ChatPrompt:
+    """The chat-prompt fields of a body, as vLLM reads them: chat_template_kwargs override the
+    top-level options (add_generation_prompt, continue_final_message, documents)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("'messages' must be a non-empty list", "messages")
+    normalized = [_message(m, i) for i, m in enumerate(messages)]
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise _invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    options: dict[str, Any] = {"add_generation_prompt": _bool(body, "add_generation_prompt", True)}
+    if _bool(body, "continue_final_message"):
+        options["continue_final_message"] = True
+    documents = body.get("documents")
+    if documents is not None:
+        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
+            raise _invalid("'documents' must be a list of objects", "documents")
+        options["documents"] = documents
+    options.update(kwargs or {})
+    template = body.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise _invalid("'chat_template' must be a string", "chat_template")
+    return ChatPrompt(normalized, _tools(body.get("tools")), options, template)
+
+
 def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
     """Validate a /v1/chat/completions body; ``defaults`` are the served model's."""
     if not isinstance(body, dict):
         raise _invalid("request body must be a JSON object", None)
     _check_fields(body, CHAT_FIELDS)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("'messages' must be a non-empty list", "messages")
-    normalized = [_message(m, i) for i, m in enumerate(messages)]
-    tools = _tools(body.get("tools"))
+    prompt = chat_prompt(body)
+    normalized, tools, options = prompt.messages, prompt.tools, prompt.options
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
         raise _unsupported("only tool_choice 'auto' and 'none' are supported", "tool_choice")
-    if choice == "none":
-        tools = None
     if body.get("parallel_tool_calls") is not None:
         _bool(body, "parallel_tool_calls")
     response_format = body.get("response_format")
@@ -228,10 +257,6 @@ def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
         raise _unsupported("only response_format {'type': 'text'} is supported", "response_format")
     if body.get("store"):
         raise _unsupported("'store' is not supported", "store")
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise _invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    options = {"add_generation_prompt": _bool(body, "add_generation_prompt", True), **(kwargs or {})}
     logprobs = _bool(body, "logprobs")
     top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top_logprobs and not logprobs:
@@ -243,8 +268,8 @@ def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
     sampling = _sampling(body, defaults)
     sampling.update(logprobs=logprobs, top_logprobs=top_logprobs or 0)
     return GenerationRequest(is_chat=True, model=_model(body), messages=normalized, tools=tools,
-                             chat_options=options, sampling=sampling, max_tokens=max_tokens,
-                             default_max_tokens=defaults.max_new_tokens, stream=stream,
+                             chat_options=options, chat_template=prompt.chat_template, sampling=sampling,
+                             max_tokens=max_tokens, default_max_tokens=defaults.max_new_tokens, stream=stream,
                              include_usage=_stream_options(body, stream))
 
 
@@ -278,50 +303,47 @@ def parse_completion(body: Any, defaults: GenerationDefaults) -> GenerationReque
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
+    """One chat message, checked for what the API requires and otherwise passed as sent.
+
+    Content and tool-call arguments keep the client's form (the frontend adapts
+    them to the template, frontend/forms.py); keys we do not know reach the
+    template too, as Transformers passes them.
+    """
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise _invalid(f"{param} must be an object", param)
     role = message.get("role")
     if not isinstance(role, str) or role not in ROLES:
         raise _invalid(f"{param}.role must be one of {', '.join(sorted(ROLES))}", f"{param}.role")
-    out: dict[str, Any] = {"role": role}
-    for key, value in message.items():
-        if key in _MESSAGE_KEYS_NULL:
-            if value:
-                raise _unsupported(f"{param}.{key} is not supported", f"{param}.{key}")
-        elif key not in _MESSAGE_KEYS:
-            key = shorten(key, 64)
-            raise _unsupported(f"{param}.{key} is not supported", f"{param}.{key}")
+    out = dict(message)
     content = message.get("content")
     tool_calls = message.get("tool_calls")
     if content is None:
-        if role != "assistant" or not tool_calls:
+        if role != "assistant" or not (tool_calls or message.get("function_call")):
             raise _invalid(f"{param}.content is required", f"{param}.content")
-        out["content"] = None  # kept: templates index message['content'] as Transformers passes it
     else:
         out["content"] = _content(content, f"{param}.content")
-    for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
+    for key in ("name", "tool_call_id", "reasoning_content", "reasoning", "thinking"):
         value = message.get(key)
         if value is not None:
             if not isinstance(value, str):
                 raise _invalid(f"{param}.{key} must be a string", f"{param}.{key}")
             if key in ("name", "tool_call_id"):
                 _name(value, f"{param}.{key}")
-            out[key] = value
-    if tool_calls:
-        if role != "assistant":
+    if tool_calls is not None:
+        if role != "assistant" and tool_calls:
             raise _invalid(f"{param}.tool_calls is only allowed on assistant messages", f"{param}.tool_calls")
         out["tool_calls"] = _tool_calls(tool_calls, f"{param}.tool_calls")
     return out
 
 
-def _content(content: Any, param: str) -> str:
-    """Text content: a string or a list of text parts (joined with newlines)."""
+def _content(content: Any, param: str) -> str | list[dict[str, Any]]:
+    """Text content: a string, or a list of text parts (kept as parts: frontend/forms.py)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _invalid(f"{param} must be a string or a list of content parts", param)
-    texts = []
+    parts = []
     for i, part in enumerate(content):
         if not isinstance(part, dict):
             raise _invalid(f"{param}[{i}] must be an object", f"{param}[{i}]")
@@ -329,14 +351,14 @@ def _content(content: Any, param: str) -> str:
         if kind != "text":
             raise _unsupported(f"{param}[{i}]: content part type '{shorten(kind, 64)}' is not supported",
                                f"{param}[{i}].type")
-        text = part.get("text")
-        if not isinstance(text, str):
+        if not isinstance(part.get("text"), str):
             raise _invalid(f"{param}[{i}].text must be a string", f"{param}[{i}].text")
-        texts.append(text)
-    return "\n".join(texts)
+        parts.append(dict(part))
+    return parts
 
 
 def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    """Assistant tool calls; ``arguments`` stay as sent (a JSON string or an object) once checked."""
     if not isinstance(calls, list):
         raise _invalid(f"{param} must be a list", param)
     out = []
@@ -348,15 +370,18 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise _invalid(f"{where}.function must name the function", f"{where}.function")
         _name(function["name"], f"{where}.function.name")
-        arguments = function.get("arguments", {})
+        arguments = function.get("arguments")
+        where_args = f"{where}.function.arguments"
         if isinstance(arguments, str):
-            # OpenAI sends arguments as a JSON string; templates index into them.
-            arguments = decode_json(arguments.encode("utf-8"), what=f"{where}.function.arguments",
-                                    param=f"{where}.function.arguments") if arguments.strip() else {}
-        if not isinstance(arguments, dict):
-            raise _invalid(f"{where}.function.arguments must be a JSON object", f"{where}.function.arguments")
-        entry: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+            # The OpenAI form: a string holding a JSON object ("" counts as {}).
+            parsed = decode_json(arguments.encode("utf-8"), what=where_args, param=where_args) \
+                if arguments.strip() else {}
+            if not isinstance(parsed, dict):
+                raise _invalid(f"{where_args} must hold a JSON object", where_args)
+        elif arguments is not None and not isinstance(arguments, dict):
+            raise _invalid(f"{where_args} must be a JSON object or a string holding one", where_args)
         call_id = call.get("id")
+        entry = dict(call)
         if call_id is not None:
             entry["id"] = _name(str(call_id) if type(call_id) is int else call_id, f"{where}.id")
         out.append(entry)
@@ -374,4 +399,4 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
         function = tool.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise _invalid(f"tools[{i}].function must name the function", f"tools[{i}].function")
-    return tools or None
+    return tools  # [] stays []: templates that test `tools is not none` see it, as in Transformers
