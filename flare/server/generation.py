@@ -66,11 +66,12 @@ class ActiveGeneration:
 class GenerationFormat(Protocol):
     """What a route family plugs in for one request: its bytes and its JSON.
 
-    Streamed bytes are whole SSE events; methods that have nothing to say
-    return ``b""``.
+    Streamed bytes are whole events in the family's framing (SSE events, NDJSON
+    lines); methods that have nothing to say return ``b""``.
     """
 
     errors: "ErrorRenderer"  # the family's error shape
+    media_type: bytes  # the stream's content type: b"text/event-stream" (SSE), b"application/x-ndjson", ...
     end_of_stream: bytes  # written after the finish and usage chunks (b"" if the family has none)
 
     def opening(self) -> bytes:
@@ -232,7 +233,7 @@ async def _stream(state: "ServerState", request: HttpRequest, conn: HttpConnecti
         # Nothing was sent yet: the failure can still have its own status.
         timing.on_end(time.monotonic())
         return state.error_for(as_error(first[0].error), fmt.errors)
-    conn.start_stream()
+    conn.start_stream(content_type=fmt.media_type)
     state.metrics.count_response(200)
     conn.write(fmt.opening())
 

@@ -47,7 +47,9 @@ log = logging.getLogger("flare.server")
 
 TICK_S = 1.0  # deadline granularity for request and keep-alive timeouts
 # The route families served, each a package with ``install(router, state)`` (server/api/).
-FAMILIES = (openai,)
+FAMILIES = (
+    openai,
+)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class ToyFormat:
     """Each delta as its own SSE event; a whole response as {"text", "reasoning", "stop"}."""
 
     errors = staticmethod(toy_errors)
+    media_type = b"text/event-stream"
     end_of_stream = b"event: done\n\n"
 
     def opening(self) -> bytes:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ....frontend.parsers import ContentDelta, Delta, ParsedOutput, ReasoningDelta, ToolCallArguments, ToolCallStart
 from ....request import FinishEvent, TokenLogprob, Usage
-from ...response import Response
+from ...response import EVENT_STREAM, Response
 from .errors import error_response
 from .schema import GenerationRequest
 
@@ -49,6 +49,7 @@ class _Format:
     chunk_object = ""
     id_prefix = ""
     errors = staticmethod(error_response)
+    media_type = EVENT_STREAM
     end_of_stream = DONE
 
     def __init__(self, state: "ServerState", gen: GenerationRequest):
