@@ -35,7 +35,6 @@ from ..request import (
     EventSink,
     FinishEvent,
     PreparedPrompt,
-    RequestTimes,
     SamplingParams,
     TokenEvent,
     TokenLogprob,
@@ -394,8 +393,7 @@ class ModelRuntime:
         self._consumers.pop(consumer.rid, None)
         self.counters.requests_completed += 1
         usage = Usage(len(consumer.prompt), consumer.num_tokens, consumer.cached_tokens)
-        times = RequestTimes(consumer.arrival, consumer.first_token_at, time.monotonic())
-        self._end(consumer, FinishEvent(reason, usage, stop, times))
+        self._end(consumer, FinishEvent(reason, usage, stop))
 
     def _end(self, consumer: _Consumer, event) -> None:
         """The consumer is done; its terminal event (if any) goes out after the statistics
