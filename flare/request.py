@@ -185,6 +185,14 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+class RequestTimes(NamedTuple):
+    """When the runtime saw one request's phases (``time.monotonic()`` seconds)."""
+
+    submitted: float  # engine.submit accepted it
+    first_token: float | None  # its first output token was published (None: it produced none)
+    finished: float  # it finished
+
+
 @dataclass(frozen=True)
 class FinishEvent:
     """Terminal success. ``reason`` is "stop" (EOS, stop token or string) or "length"."""
@@ -192,6 +200,7 @@ class FinishEvent:
     reason: str
     usage: Usage
     stop: str | int | None = None  # the stop string or token that matched, if any
+    times: RequestTimes | None = None  # None from engines that do not record them
 
 
 @dataclass(frozen=True)
@@ -206,6 +215,22 @@ EventSink = Callable[[Event], None]
 
 
 @dataclass(frozen=True)
+class ModelDetails:
+    """What the served model is, beyond its names (Ollama's /api/show, /api/tags and /api/ps)."""
+
+    family: str = ""  # the architecture family ("llama", "qwen2")
+    architecture: str = ""  # the checkpoint's architecture name ("LlamaForCausalLM")
+    num_params: int = 0  # parameters of the runtime layout (tied embeddings counted once)
+    dtype: str = ""  # the weights' dtype ("float32", "bfloat16")
+    weights_bytes: int = 0  # the weights' size on disk
+    device: str = ""  # where the weights live ("cpu", "cuda:0")
+    digest: str = ""  # hex identity of the weights and assets (the prefix cache's model identity)
+    chat_template: str | None = None  # the served chat template's Jinja source
+    renders_tools: bool = False  # the chat template shows a request's tools to the model
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict)  # the recipe: sizes, heads, rope, ...
+
+
+@dataclass(frozen=True)
 class ModelCard:
     """What discovery routes report about the served model."""
 
@@ -215,6 +240,7 @@ class ModelCard:
     capabilities: tuple[str, ...] = ("completion", "chat")
     created: int = 0
     extra: dict = field(default_factory=dict)
+    details: ModelDetails = ModelDetails()
 
     @property
     def id(self) -> str:

@@ -15,8 +15,8 @@ from ..errors import FrontendError
 from ..frontend.annotations import sha256_hex
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings, read_template_file
 from ..frontend.template.limits import TemplateLimits
-from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
-from .model import NativeModel
+from ..request import EventSink, GenerationDefaults, ModelCard, ModelDetails, PreparedPrompt, SamplingParams
+from .model import NativeModel, core_identity
 from .telemetry import EngineStats
 
 log = logging.getLogger("flare.engine")
@@ -63,6 +63,18 @@ def template_card(core: Core, frontend: Frontend) -> dict[str, Any] | None:
             "endpoint_path": frontend.endpoint_path, "forms": frontend.forms.to_json()}
 
 
+def model_details(model: NativeModel, frontend: Frontend) -> ModelDetails:
+    """What the served model is (Ollama's /api/show): recipe, size, dtype, device, template."""
+    core = model.core
+    recipe = core.recipe
+    weights = sum(entry.get("bytes", 0) for name, entry in core.assets.items() if name.startswith("weights"))
+    return ModelDetails(family=recipe.family, architecture=recipe.architecture, num_params=recipe.num_params,
+                        dtype=core.dtype, weights_bytes=weights, device=str(model.loaded.device),
+                        digest=core_identity(core).hex(),
+                        chat_template=frontend.template.source if frontend.template is not None else None,
+                        renders_tools=frontend.renders_tools, hyperparameters=recipe.to_json())
+
+
 class NativeEngine:
     """Implements flare.engine.base.Engine for a prepared core."""
 
@@ -80,7 +92,8 @@ class NativeEngine:
                               max_model_len=self.context_len, capabilities=capabilities,
                               created=int(time.time()),
                               extra={"endpoint_path": frontend.endpoint_path, "dtype": core.dtype,
-                                     "chat_template": template_card(core, frontend)})
+                                     "chat_template": template_card(core, frontend)},
+                              details=model_details(model, frontend))
 
     @classmethod
     def load(cls, core_path: str | Path, config: ServerConfig, progress=None) -> "NativeEngine":

@@ -35,6 +35,7 @@ from ..request import (
     EventSink,
     FinishEvent,
     PreparedPrompt,
+    RequestTimes,
     SamplingParams,
     TokenEvent,
     TokenLogprob,
@@ -393,7 +394,8 @@ class ModelRuntime:
         self._consumers.pop(consumer.rid, None)
         self.counters.requests_completed += 1
         usage = Usage(len(consumer.prompt), consumer.num_tokens, consumer.cached_tokens)
-        self._end(consumer, FinishEvent(reason, usage, stop))
+        times = RequestTimes(consumer.arrival, consumer.first_token_at, time.monotonic())
+        self._end(consumer, FinishEvent(reason, usage, stop, times))
 
     def _end(self, consumer: _Consumer, event) -> None:
         """The consumer is done; its terminal event (if any) goes out after the statistics

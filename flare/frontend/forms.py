@@ -130,6 +130,13 @@ def _arguments_form(render: Render) -> str:
     return EITHER
 
 
+def renders_tools(render: Render) -> bool:
+    """Whether the template shows a request's tools to the model (a probe tool's name appears)."""
+    probe = {"messages": [{"role": "user", "content": "flare-probe-user"}], "tools": [_PROBE_TOOL]}
+    text = _outcome(render, probe)
+    return text is not None and _PROBE_TOOL["function"]["name"] in text
+
+
 # -- adapting a request to the template ----------------------------------------
 
 def adapt_content(content: Any, form: str) -> Any:

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import FrontendError
 from ..request import PreparedPrompt
 from .annotations import AnnotatedTemplate, annotate_template, differential_endpoints, sha256_hex
-from .forms import TemplateForms, adapt_arguments, adapt_content, detect_forms
+from .forms import TemplateForms, adapt_arguments, adapt_content, detect_forms, renders_tools
 from .template import CompiledTemplate, RenderBudget, TemplateBudgetError, TemplateLimits, compile_template
 from .tokenizer import IncrementalDecoder, Tokenizer
 
@@ -125,6 +125,8 @@ class Frontend:
         self._eos_id = self._token_id(settings.eos_token) if settings.add_eos_token else None
         # The input forms the template takes (content string/parts, arguments string/mapping), probed once.
         self.forms = detect_forms(self._probe_render) if compiled is not None else TemplateForms()
+        # Whether a request's tools reach the model at all (Ollama's "tools" capability).
+        self.renders_tools = compiled is not None and renders_tools(self._probe_render)
 
     @classmethod
     def load(cls, tokenizer_json: bytes, chat_template: bytes | None, expected: AssetFingerprints,

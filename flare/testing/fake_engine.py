@@ -52,7 +52,7 @@ from ..frontend.annotations import sha256_hex
 from ..frontend.forms import STRING, adapt_content
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings
 from ..frontend.tokenizer import Tokenizer, _bytes_to_unicode
-from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
+from ..request import EventSink, GenerationDefaults, ModelCard, ModelDetails, PreparedPrompt, SamplingParams
 from ..scheduler.scheduler import RequestScheduler
 from .fake_executor import FakeExecutor
 
@@ -189,8 +189,13 @@ class FakeEngine:
         self.context_len = config.context_len
         self.max_active = config.max_active
         self.generation_defaults = config.generation
+        identity = hashlib.sha256(b"flare-fake:" + config.identifier.encode("utf-8")).digest()
+        # The byte layout renders tools (byte_chat_prompt); there is no Jinja source and no weights.
+        details = ModelDetails(family="fake", architecture="FakeByteModel", dtype="float32", device="cpu",
+                               digest=identity.hex(), renders_tools=True,
+                               hyperparameters={"vocab_size": VOCAB_SIZE})
         self.card = ModelCard(identifier=config.identifier, served_names=config.served_names,
-                              max_model_len=config.context_len, created=int(time.time()))
+                              max_model_len=config.context_len, created=int(time.time()), details=details)
         self.tokenizer = Tokenizer(byte_tokenizer_json())
         tokenizer_json = byte_tokenizer_json()
         self._frontend = Frontend.load(tokenizer_json, None, AssetFingerprints(sha256_hex(tokenizer_json)),
@@ -206,7 +211,6 @@ class FakeEngine:
 
         self.executor = FakeExecutor(contract, sample=self._replies.sample,
                                      device_time=device_time if interval else None)
-        identity = hashlib.sha256(b"flare-fake:" + config.identifier.encode("utf-8")).digest()
         scheduler = RequestScheduler(contract, identity, PolicyConfig(), eos_token_ids=(EOS_ID,))
         self.runtime = ModelRuntime(scheduler, self.executor, decoder_factory=self.tokenizer.incremental_decoder,
                                     capacity=capacity, capacity_hint=config.capacity_hint,
