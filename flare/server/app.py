@@ -199,7 +199,8 @@ class Application:
         request.route = route
         request.params = {"tail": tail} if tail is not None else None
         if route.needs_auth and self._api_key is not None and not self._is_authorized(request):
-            return self._count(route.errors(401, "missing or invalid bearer token (Authorization: Bearer KEY)",
+            return self._count(route.errors(401, "missing or invalid bearer token (Authorization: Bearer KEY, "
+                                                 "or x-api-key: KEY)",
                                             code="invalid_api_key", headers=((b"www-authenticate", b"Bearer"),)))
         if route.is_generation:
             state = self.state
@@ -220,12 +221,15 @@ class Application:
 
     def _is_authorized(self, request: HttpRequest) -> bool:
         # RFC 9110 section 11.4: credentials = auth-scheme 1*SP token68, the scheme
-        # case-insensitive. Two Authorization fields are ambiguous: refused.
+        # case-insensitive; or Anthropic's ``x-api-key: KEY``, on every route. Either
+        # one that matches authorizes; two fields of one kind are ambiguous: refused.
         fields = [value for name, value in request.headers if name == b"authorization"]
-        if len(fields) != 1:
-            return False
-        scheme, _, token = fields[0].partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self._api_key)
+        keys = [value for name, value in request.headers if name == b"x-api-key"]
+        is_bearer = False
+        if len(fields) == 1:
+            scheme, _, token = fields[0].partition(b" ")
+            is_bearer = scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self._api_key)
+        return is_bearer or (len(keys) == 1 and hmac.compare_digest(keys[0], self._api_key))
 
     def handle(self, request: HttpRequest, conn: HttpConnection) -> "Response | Awaitable[Response | None]":
         route = request.route

@@ -32,7 +32,8 @@ _ENGINE_TYPES = typing.get_type_hints(EngineConfig)
 _FLAGS = (
     ("--host", "host", "address to listen on"),
     ("--port", "port", "TCP port (0 picks a free one)"),
-    ("--api-key", "api_key", "require 'Authorization: Bearer KEY' on every route but /health and /metrics"),
+    ("--api-key", "api_key", "require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but "
+                             "/health and /metrics"),
     ("--max-active", "max_active", f"concurrent model requests, 1..{MAX_ACTIVE_LIMIT} (0 = the core's value)"),
     ("--queue-capacity", "queue_capacity", "HTTP requests admitted beyond max_active (0 = 4 x max_active)"),
     ("--frontend-workers", "frontend_workers", "threads that render templates and tokenize"),

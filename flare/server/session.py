@@ -37,7 +37,7 @@ from ..config import ServerConfig
 from ..engine.base import Engine
 from ..engine.telemetry import EngineStats
 from ..errors import Error
-from .api import openai, responses
+from .api import anthropic, openai, responses
 from .app import Application, Router, ServerState
 from .metrics import TOKEN_SAMPLE_INTERVAL_S
 from .protocol import HttpConnection
@@ -50,6 +50,7 @@ TICK_S = 1.0  # deadline granularity for request and keep-alive timeouts
 FAMILIES = (
     openai,
     responses,
+    anthropic,
 )
 
 

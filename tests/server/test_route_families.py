@@ -121,7 +121,8 @@ def test_a_family_refuses_at_head_time_in_its_own_shape(served):
     assert status == 401 and headers["www-authenticate"] == "Bearer"
     assert json.loads(body) == {"type": "error", "error": {"type": "invalid_api_key",
                                                            "message": "missing or invalid bearer token "
-                                                                      "(Authorization: Bearer KEY)"}}
+                                                                      "(Authorization: Bearer KEY, or x-api-key: "
+                                                                      "KEY)"}}
     served.session.pause_admission()
     try:
         status, headers, body = request(served, "POST", "/toy/generate", {"prompt": "x"})
