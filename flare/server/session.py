@@ -37,7 +37,7 @@ from ..config import ServerConfig
 from ..engine.base import Engine
 from ..engine.telemetry import EngineStats
 from ..errors import Error
-from .api import anthropic, openai, responses
+from .api import anthropic, ollama, openai, responses
 from .app import Application, Router, ServerState
 from .metrics import TOKEN_SAMPLE_INTERVAL_S
 from .protocol import HttpConnection
@@ -49,6 +49,7 @@ TICK_S = 1.0  # deadline granularity for request and keep-alive timeouts
 # The route families served, each a package with ``install(router, state)`` (server/api/).
 FAMILIES = (
     openai,
+    ollama,
     responses,
     anthropic,
 )
