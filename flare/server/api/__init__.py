@@ -1,4 +1,4 @@
-"""Route families: one package per API dialect (openai; anthropic, ollama, ... to come).
+"""Route families: one package per API dialect (openai, anthropic, ollama, responses).
 
 A family parses its bodies into prompt preparations and sampling settings,
 formats results through a :class:`~flare.server.generation.GenerationFormat`,
