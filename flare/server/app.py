@@ -264,9 +264,15 @@ class Application:
     def _metrics(self, request: HttpRequest, conn: HttpConnection) -> Response:
         return Response(200, self.state.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
 
-    def error_response(self, status: int, message: str) -> Response:
-        """Protocol-level errors (HttpApp): no route decided them, so the default shape."""
-        return self._count(DEFAULT_ERRORS(status, message, code=f"http_{status}"))
+    def error_response(self, status: int, message: str, target: tuple[str, str] | None = None) -> Response:
+        """Protocol-level errors (HttpApp): in the shape of the family whose route the request
+        named (a 413 on /v1/messages is Anthropic's), else the default shape."""
+        errors = DEFAULT_ERRORS
+        if target is not None:
+            route, _, _ = self.router.resolve(*target)
+            if route is not None:
+                errors = route.errors
+        return self._count(errors(status, message, code=f"http_{status}"))
 
     def _count(self, response: Response) -> Response:
         self.state.metrics.count_response(response.status)

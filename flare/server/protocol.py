@@ -122,17 +122,19 @@ class HttpApp(Protocol):
         """Answer a complete request: a Response now, or a coroutine that returns
         one (or streams through ``conn`` and returns None)."""
 
-    def error_response(self, status: int, message: str) -> Response:
-        """The body for protocol-level failures (400, 408, 413, 414, 431, 500)."""
+    def error_response(self, status: int, message: str, target: tuple[str, str] | None = None) -> Response:
+        """The body for protocol-level failures (400, 408, 413, 414, 431, 500); ``target`` is the
+        request's (method, path) when the failure came after its request line was read."""
 
 
 class _Reject(Exception):
     """Raised inside parser callbacks to stop parsing with a status."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, target: tuple[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.target = target  # (method, path) of the request it refuses, when known
 
 
 # RFC 9112 section 3.2: Host = uri-host [ ":" port ], possibly empty (RFC 3986's host grammar).
@@ -401,7 +403,7 @@ class HttpConnection(asyncio.Protocol):
             current = self._current
             if self._failure is not None:
                 failure, self._failure = self._failure, None
-                self._fail(failure.status, failure.message)
+                self._fail(failure.status, failure.message, failure.target)
             elif current is not None:
                 if current.early_response is not None and not self._in_head:
                     self._answer_early(current)
@@ -560,25 +562,27 @@ class HttpConnection(asyncio.Protocol):
     def _can_write_interim(self) -> bool:
         return self._active is None and not self._pipeline and not self.is_lost
 
-    def _fail(self, status: int, message: str) -> None:
+    def _fail(self, status: int, message: str, target: tuple[str, str] | None = None) -> None:
         """Answer a protocol error after the responses already owed, and close."""
         self._reject = None
         request, self._current = self._current, None
         if request is not None:
+            if target is None and request.path:  # the route's family renders it
+                target = (request.method, request.path)
             request.release()
         self._in_head = False
         self.deadline = 0.0
         if not self.is_open:
             return
         if self._active is None and not self._pipeline:
-            response = self.app.error_response(status, message)
+            response = self.app.error_response(status, message, target)
             self.transport.write(response.encode(keep_alive=False))
             # A client too slow to send its request gets no lingering read.
             self._close_after_write(linger=status != 408)
         else:
             # Responses are sent in request order: this one waits for _run_next, and
             # nothing more is parsed (the parser cannot resume after an error).
-            self._failure = _Reject(status, message)
+            self._failure = _Reject(status, message, target)
 
     def _close_after_write(self, *, linger: bool = False) -> None:
         """Close once the written bytes are flushed (asyncio transports flush first).

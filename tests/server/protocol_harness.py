@@ -93,7 +93,7 @@ class EchoApp:
             conn.write(b"data: %d\n\n" % i)
             await conn.drain()
 
-    def error_response(self, status, message):
+    def error_response(self, status, message, target=None):
         return Response(status, message.encode(), b"text/plain")
 
 
