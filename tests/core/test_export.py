@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -251,3 +252,38 @@ def test_gguf_sampling_metadata_becomes_generation_defaults(tmp_path):
                                                              generation=(("top_p", 0.8),)))
     assert load_core(out).generation == GenerationDefaults(temperature=0.7, top_p=0.8, top_k=40, min_p=0.05,
                                                            repetition_penalty=1.1)
+
+
+# -- flare export --chat-template: the given template is exported, fingerprinted, and refused
+# (with its line and column) when it does not compile.
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _cli_export(checkpoint, out, *extra):
+    return subprocess.run([sys.executable, "-m", "flare.cli", "export", str(checkpoint), "-o", str(out),
+                           "--context", "256", "--prefill-chunk-size", "128", *extra],
+                          capture_output=True, text=True)
+
+
+def test_exported_template_is_the_given_file(checkpoint, tmp_path):
+    template = tmp_path / "chat.jinja"
+    template.write_text(TEMPLATE, encoding="utf-8")
+    run = _cli_export(checkpoint, tmp_path / "core", "--chat-template", str(template))
+    assert run.returncode == 0, run.stderr
+    core = load_core(tmp_path / "core")
+    digest = hashlib.sha256(TEMPLATE.encode()).hexdigest()
+    assert core.chat_template == TEMPLATE and core.assets["chat_template.jinja"]["sha256"] == digest
+    manifest = json.loads((tmp_path / "core" / "core.json").read_text())
+    assert manifest["contract"]["frontend"]["template"]["sha256"] == digest
+
+
+def test_a_template_that_does_not_compile_stops_the_cli_export(checkpoint, tmp_path):
+    template = tmp_path / "bad.jinja"
+    template.write_text("fine\n{% for m in messages %}{{ m.content + }}{% endfor %}", encoding="utf-8")
+    run = _cli_export(checkpoint, tmp_path / "core", "--chat-template", str(template))
+    assert run.returncode == 2 and "line 2, column" in run.stderr and str(template) in run.stderr
+    assert not (tmp_path / "core").exists()
+    missing = _cli_export(checkpoint, tmp_path / "core2", "--chat-template", str(tmp_path / "nope.jinja"))
+    assert missing.returncode == 2 and "cannot read chat template" in missing.stderr
