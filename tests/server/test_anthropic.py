@@ -518,3 +518,18 @@ def test_reasoning_and_tool_calls_are_thinking_and_tool_use_blocks(parsed):
     hidden = client.messages.create(model=parsed.model, max_tokens=1500, messages=USER,
                                     thinking={"type": "enabled", "budget_tokens": 1024, "display": "omitted"})
     assert hidden.content[0].type == "thinking" and hidden.content[0].thinking == ""
+
+
+def test_models_in_anthropics_shape_for_the_anthropic_sdk(server):
+    """GET /v1/models is both APIs' path: the anthropic SDK (anthropic-version) gets Anthropic's shape,
+    everyone else OpenAI's."""
+    client = _client(server)
+    page = client.models.list()
+    ids = [model.id for model in page.data]
+    assert ids == [server.model] and page.data[0].type == "model" and not page.has_more
+    one = client.models.retrieve(server.model)
+    assert one.id == server.model and one.max_input_tokens == page.data[0].max_input_tokens > 0
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("no-such-model")
+    status, _, payload = request(server, "GET", "/v1/models")
+    assert status == 200 and json.loads(payload)["object"] == "list"

@@ -10,7 +10,9 @@ since it shares the workers with generation.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from ....errors import AdmissionError
 from ...generation import generate
@@ -26,11 +28,50 @@ if TYPE_CHECKING:
 
 
 def install(router: "Router", state: "ServerState") -> None:
-    """Add the Anthropic routes to ``router``."""
+    """Add the Anthropic routes to ``router`` (after the OpenAI family: see _share_models)."""
     router.add("POST", "/v1/messages", lambda request, conn: messages(state, request, conn), generation=True,
                errors=error_response)
     router.add("POST", "/v1/messages/count_tokens", lambda request, conn: count_tokens(state, request, conn),
                generation=True, errors=error_response)
+    _share_models(router, state)
+
+
+# -- discovery: GET /v1/models is both APIs' path ---------------------------------
+
+ANTHROPIC_VERSION = b"anthropic-version"  # every anthropic SDK request carries it
+
+
+def _share_models(router: "Router", state: "ServerState") -> None:
+    """Answer ``GET /v1/models`` and ``/v1/models/{id}`` in Anthropic's shape for requests that carry
+    ``anthropic-version``, and leave every other request to the OpenAI route already installed."""
+    listed, _, _ = router.resolve("GET", "/v1/models")
+    single, _, _ = router.resolve("GET", "/v1/models/x")
+    if listed is None or single is None:
+        raise RuntimeError("the Anthropic family installs after the OpenAI family (session.FAMILIES)")
+
+    def list_models(request: HttpRequest, conn: HttpConnection):
+        if request.header(ANTHROPIC_VERSION) is None:
+            return listed.handler(request, conn)
+        info = _model_info(state)
+        return Response.json(200, {"data": [info], "first_id": info["id"], "last_id": info["id"], "has_more": False})
+
+    def get_model(request: HttpRequest, conn: HttpConnection):
+        if request.header(ANTHROPIC_VERSION) is None:
+            return single.handler(request, conn)
+        name = unquote(request.params["tail"])
+        if name != state.card.id and not state.card.matches(name):
+            return error_response(404, f"the model '{shorten(name)}' does not exist", code="model_not_found")
+        return Response.json(200, _model_info(state))
+
+    router.add("GET", "/v1/models", list_models, errors=listed.errors)
+    router.add_prefix("GET", "/v1/models/", get_model, errors=single.errors)
+
+
+def _model_info(state: "ServerState") -> dict[str, Any]:
+    card = state.card
+    created = datetime.fromtimestamp(card.created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": card.id, "display_name": card.identifier, "created_at": created,
+            "max_input_tokens": card.max_model_len, "max_tokens": card.max_model_len}
 
 
 def _json_body(state: "ServerState", request: HttpRequest) -> Any:
