@@ -269,7 +269,8 @@ def test_context_overflow_is_bad_request(launcher):
     served = launcher(context_hint="raise it with flare export --context", context_len=512)
     card_len = get_json(served, "/v1/models")[1]["data"][0]["max_model_len"]
     with pytest.raises(anthropic.BadRequestError) as info:
-        _client(served).messages.create(model=served.model, max_tokens=card_len, messages=USER)
+        # An explicit timeout: without one the SDK refuses a large non-streamed max_tokens itself.
+        _client(served).messages.create(model=served.model, max_tokens=card_len, messages=USER, timeout=60)
     message = info.value.body["error"]["message"]
     assert f"max_tokens of {card_len}" in message and f"context of {card_len} tokens" in message
     assert "raise it with flare export --context" in message

@@ -93,12 +93,15 @@ def test_show_reports_the_model(server):
     if server.kind == "fake":
         assert shown.capabilities == ["completion", "chat", "tools"] and shown.template == ""
         assert shown.details.family == "fake"
-    else:
+    elif server.kind == "demo":
         # SmolLM2's template never shows tools, so the model cannot be offered any.
         assert "tools" not in shown.capabilities and "<|im_start|>" in shown.template
         assert shown.details.quantization_level == "F32" and shown.details.family == "llama"
         assert info["general.parameter_count"] > 10**8 and info["llama.block_count"] > 0
         assert "temperature 0.2" in shown.parameters  # the demo core's generation defaults
+    else:  # a GPU core (tools/make_test_core.py): its own template, dtype and size
+        assert shown.template and shown.details.family == "llama" and shown.details.quantization_level
+        assert info["general.parameter_count"] > 0 and info["llama.block_count"] > 0
 
 
 def test_ps_and_version(server):
