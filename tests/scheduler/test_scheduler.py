@@ -36,6 +36,14 @@ def make(**kw):
     return sched, ex, Driver(sched, ex), clock
 
 
+def warm_up(sched, ex, d) -> None:
+    """Run one short request to the end, so prefill, decode and snapshot steps have measured costs."""
+    sched.submit(prompt(tokens(2, 10)), params(4), 0)
+    for _ in range(100):
+        d.pump()
+        ex.step(2)
+
+
 def tokens(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 1000, n)
 
@@ -138,10 +146,7 @@ def test_repeated_terminal_completion_never_emits_twice():
     """A pipelined decode references a request that ended in the step before it:
     the second completion is validated but emits nothing."""
     sched, ex, d, _ = make(manual=True, eos=(999,), eos_token=999, eos_every=3)
-    sched.submit(prompt(tokens(2, 10)), params(4), 0)  # measure prefill and decode first
-    for _ in range(100):
-        d.pump()
-        ex.step(2)
+    warm_up(sched, ex, d)
     rid = sched.submit(prompt(tokens(3, 10)), params(50), 0)
     for _ in range(200):
         d.pump()
@@ -160,10 +165,7 @@ def test_host_finish_with_decodes_in_flight_publishes_the_consumed_tokens():
     tokens are recorded, not emitted, and the terminal checkpoint covers exactly the
     consumed tokens, so the next turn over them is a full hit."""
     sched, ex, d, _ = make(manual=True, context=2048, pages=100)
-    sched.submit(prompt(tokens(2, 10)), params(4), 0)  # measure prefill and decode first
-    for _ in range(100):
-        d.pump()
-        ex.step(2)
+    warm_up(sched, ex, d)
     p = tokens(4, 70)
     rid = sched.submit(prompt(p), params(40), 0)
     for _ in range(400):
@@ -504,10 +506,7 @@ def test_next_turn_sent_at_eos_waits_for_the_terminal_checkpoint():
     next turn reuses the whole previous turn (prompt, reply and the EOS, which the
     pipelined decode after it consumed)."""
     sched, ex, d, _ = make(manual=True, context=2048, pages=100, eos=(999,), eos_token=999, eos_every=6)
-    sched.submit(prompt(tokens(2, 10)), params(4), 0)  # measure prefill, decode and snapshot first
-    for _ in range(100):
-        d.pump()
-        ex.step(2)
+    warm_up(sched, ex, d)
     p = tokens(5, 90)
     rid = sched.submit(prompt(p), params(40), 0)
     for _ in range(400):
