@@ -32,6 +32,7 @@ from ..frontend import parsers
 from ..frontend.parsers import ContentDelta, Delta, OutputAssembler, ParsedOutput
 from ..request import ErrorEvent, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent, TokenLogprob, Usage
 from .protocol import HttpConnection, HttpRequest
+from .request_body import shorten
 from .response import Response
 from .stream import EventStream
 
@@ -121,6 +122,13 @@ def resolve_max_tokens(max_tokens: int | None, prompt_len: int, context_len: int
             status=400, code="context_length_exceeded", param=param if max_tokens is not None else prompt_param,
             hint=context_hint or None)
     return resolved
+
+
+def check_model(state: "ServerState", name: str | None) -> None:
+    """404 ``model_not_found`` unless ``name`` (None: not given) is the served model's id or an alias."""
+    if name is not None and name != state.card.id and not state.card.matches(name):
+        raise AdmissionError(f"the model '{shorten(name)}' does not exist", status=404, code="model_not_found",
+                             param="model")
 
 
 def refuse_when_draining(state: "ServerState") -> None:

@@ -14,8 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from ....errors import AdmissionError
-from ...generation import generate
+from ...generation import check_model, generate
 from ...protocol import HttpConnection, HttpRequest
 from ...request_body import decode_json, shorten
 from ...response import Response
@@ -78,12 +77,6 @@ def _json_body(state: "ServerState", request: HttpRequest) -> Any:
     return decode_json(request.body, max_depth=state.config.max_json_depth)
 
 
-def _check_model(state: "ServerState", request: MessagesRequest) -> None:
-    if request.model != state.card.id and not state.card.matches(request.model):
-        raise AdmissionError(f"the model '{shorten(request.model)}' does not exist", status=404,
-                             code="model_not_found", param="model")
-
-
 def _prepare(state: "ServerState", request: MessagesRequest):
     prompt, engine = request.prompt, state.engine
     return lambda: engine.prepare_chat(prompt.messages, tools=prompt.tools, options=prompt.options,
@@ -92,7 +85,7 @@ def _prepare(state: "ServerState", request: MessagesRequest):
 
 async def messages(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
     body = parse_messages(_json_body(state, request), state.generation_defaults)
-    _check_model(state, body)
+    check_model(state, body.model)
     fmt = MessageFormat(state, body)
     return await generate(state, request, conn, fmt, _prepare(state, body), fmt.resolve, stream=body.stream,
                           parser=state.output_parser)
@@ -100,6 +93,6 @@ async def messages(state: "ServerState", request: HttpRequest, conn: HttpConnect
 
 async def count_tokens(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response:
     body = parse_count_tokens(_json_body(state, request))
-    _check_model(state, body)
+    check_model(state, body.model)
     prompt = await state.frontend.run(_prepare(state, body))
     return Response.json(200, {"input_tokens": len(prompt)})

@@ -11,15 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from ....errors import AdmissionError
 from ....frontend import parsers
-from ...generation import generate
+from ...generation import check_model, generate
 from ...protocol import HttpConnection, HttpRequest
 from ...request_body import decode_json, shorten
 from ...response import Response
 from .errors import error_response
 from .format import ChatFormat, CompletionFormat
-from .schema import GenerationRequest, parse_chat, parse_completion
+from .schema import parse_chat, parse_completion
 from .tokenize import check_request_template, detokenize, tokenize
 
 if TYPE_CHECKING:
@@ -73,15 +72,9 @@ def _json_body(state: "ServerState", request: HttpRequest) -> Any:
     return decode_json(request.body, max_depth=state.config.max_json_depth)
 
 
-def _check_model(state: "ServerState", gen: GenerationRequest) -> None:
-    if gen.model is not None and gen.model != state.card.id and not state.card.matches(gen.model):
-        raise AdmissionError(f"the model '{shorten(gen.model)}' does not exist", status=404, code="model_not_found",
-                             param="model")
-
-
 async def chat_completions(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
     gen = parse_chat(_json_body(state, request), state.generation_defaults)
-    _check_model(state, gen)
+    check_model(state, gen.model)
     check_request_template(state, gen.chat_template)
     engine = state.engine
     return await generate(state, request, conn, ChatFormat(state, gen),
@@ -92,7 +85,7 @@ async def chat_completions(state: "ServerState", request: HttpRequest, conn: Htt
 
 async def completions(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
     gen = parse_completion(_json_body(state, request), state.generation_defaults)
-    _check_model(state, gen)
+    check_model(state, gen.model)
     engine = state.engine
     # Raw text in, raw text out: completions are never parsed for reasoning or tool calls.
     return await generate(state, request, conn, CompletionFormat(state, gen), lambda: engine.prepare_text(gen.prompt),

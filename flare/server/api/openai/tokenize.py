@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ....errors import AdmissionError
+from ...generation import check_model
 from ...protocol import HttpConnection, HttpRequest
-from ...request_body import decode_json, shorten
+from ...request_body import decode_json
 from ...response import Response
 from .schema import CHAT_PROMPT_FIELDS, MAX_TOKEN_ID, _bool, _check_fields, _invalid, chat_prompt
 
@@ -43,9 +43,7 @@ def _body(state: "ServerState", request: HttpRequest) -> dict[str, Any]:
     if model is not None:
         if not isinstance(model, str):
             raise _invalid("'model' must be a string", "model")
-        if model != state.card.id and not state.card.matches(model):
-            raise AdmissionError(f"the model '{shorten(model)}' does not exist", status=404,
-                                 code="model_not_found", param="model")
+        check_model(state, model)
     return body
 
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ....errors import AdmissionError
-from ...generation import generate
+from ...generation import check_model, generate
 from ...protocol import HttpConnection, HttpRequest
 from ...request_body import decode_json, shorten
 from ...response import Response
@@ -44,9 +44,7 @@ def install(router: "Router", state: "ServerState") -> None:
 async def create(state: "ServerState", store: ResponseStore, request: HttpRequest,
                  conn: HttpConnection) -> Response | None:
     gen = parse_responses(decode_json(request.body, max_depth=state.config.max_json_depth), state.generation_defaults)
-    if gen.model is not None and gen.model != state.card.id and not state.card.matches(gen.model):
-        raise AdmissionError(f"the model '{shorten(gen.model)}' does not exist", status=404, code="model_not_found",
-                             param="model")
+    check_model(state, gen.model)
     earlier: tuple[dict[str, Any], ...] = ()
     if gen.previous_response_id is not None:
         previous = store.get(gen.previous_response_id)
