@@ -49,8 +49,11 @@ def load_frontend(core: Core, limits: TemplateLimits | None = None) -> Frontend:
 def override_template(frontend: Frontend, path: Path) -> Frontend:
     """``frontend`` with the chat template in ``path`` (--chat-template), annotated and fingerprinted like
     an exported one; FrontendError (naming the line and column) when it does not compile."""
-    data = read_template_file(path, frontend.limits)
-    return frontend.with_chat_template(data, sha256_hex(data))
+    data = read_template_file(path, check=False)  # with_chat_template compiles it, once
+    try:
+        return frontend.with_chat_template(data, sha256_hex(data))
+    except FrontendError as exc:
+        raise FrontendError(f"chat template {path}: {exc}") from None
 
 
 def template_card(core: Core, frontend: Frontend) -> dict[str, Any] | None:

@@ -308,8 +308,9 @@ class RequestTemplates:
         return frontend
 
 
-def read_template_file(path: str | Path, limits: TemplateLimits | None = None) -> bytes:
-    """The bytes of a chat-template file (--chat-template), checked to be UTF-8 and to compile.
+def read_template_file(path: str | Path, limits: TemplateLimits | None = None, *, check: bool = True) -> bytes:
+    """The bytes of a chat-template file (--chat-template), checked to be UTF-8 and (``check``) to compile;
+    a caller that compiles them itself next passes ``check=False``.
 
     FrontendError names the file, and the line and column of a compile error.
     """
@@ -322,6 +323,8 @@ def read_template_file(path: str | Path, limits: TemplateLimits | None = None) -
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FrontendError(f"chat template {path} is not UTF-8: {exc}") from None
+    if not check:
+        return data
     try:
         compile_template(annotate_template(data).text, limits)
     except FrontendError as exc:

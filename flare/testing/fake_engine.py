@@ -51,7 +51,7 @@ from ..errors import AdmissionError, Error, ExecutionError, FrontendError
 from ..frontend.annotations import sha256_hex
 from ..frontend.forms import STRING, adapt_content
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings
-from ..frontend.tokenizer import Tokenizer, _bytes_to_unicode
+from ..frontend.tokenizer import _bytes_to_unicode
 from ..request import EventSink, GenerationDefaults, ModelCard, ModelDetails, PreparedPrompt, SamplingParams
 from ..scheduler.scheduler import RequestScheduler
 from .fake_executor import FakeExecutor
@@ -196,10 +196,10 @@ class FakeEngine:
                                hyperparameters={"vocab_size": VOCAB_SIZE})
         self.card = ModelCard(identifier=config.identifier, served_names=config.served_names,
                               max_model_len=config.context_len, created=int(time.time()), details=details)
-        self.tokenizer = Tokenizer(byte_tokenizer_json())
         tokenizer_json = byte_tokenizer_json()
         self._frontend = Frontend.load(tokenizer_json, None, AssetFingerprints(sha256_hex(tokenizer_json)),
                                        TokenSettings(eos_token="<|im_end|>"))
+        self.tokenizer = self._frontend.tokenizer  # the one byte-level Tokenizer
         self._request_templates = RequestTemplates(self._frontend)
         capacity = config.max_active + config.max_pending
         self._replies = _Replies(max(MIN_REMEMBERED_PROMPTS, 2 * capacity))
