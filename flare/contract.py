@@ -60,7 +60,13 @@ SAMPLING_MIN_P = 3
 SAMPLING_PRESENCE = 4
 SAMPLING_FREQUENCY = 5
 SAMPLING_REPETITION = 6  # 1 disables
+SAMPLING_GRAMMAR = 7  # 1: the slot's sampling applies its slot.grammar_mask row
 SAMPLING_COLUMNS = 8
+
+
+def mask_words(vocab_size: int) -> int:
+    """int32 words in one token bitmask row (bit t % 32 of word t // 32 allows token t)."""
+    return (vocab_size + 31) // 32
 
 
 class GraphKind(IntEnum):
@@ -190,6 +196,8 @@ class PreparedContract:
             BufferSpec("slot.seed", (s1,), "int64", "slot"),
             BufferSpec("slot.sampling", (s1, SAMPLING_COLUMNS), "float32", "slot"),
             BufferSpec("slot.page_table", (s1, self.max_pages_per_request), "int64", "slot"),
+            # structured output: the allowed next tokens of a constrained slot (SAMPLING_GRAMMAR)
+            BufferSpec("slot.grammar_mask", (s1, mask_words(self.vocab_size)), "int32", "slot"),
             BufferSpec("step.slots", (bmax,), "int64", "step"),
             BufferSpec("step.tokens", (bmax, tmax), "int64", "step"),
             BufferSpec("step.num_tokens", (bmax,), "int64", "step"),

@@ -68,3 +68,10 @@ class CoreError(FrontendError):
         super().__init__(f"{file}: {message}")
         self.file = str(file)
         self.field = field
+
+
+class GrammarError(FrontendError):
+    """A structured-output constraint that does not compile (a 400 naming the problem), or a
+    matcher that failed while a constrained request ran (reported on that request only)."""
+
+    code = "invalid_grammar"

@@ -21,6 +21,28 @@ from .errors import Error, FrontendError
 MAX_TOP_LOGPROBS = 20
 
 
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, eq=False)
+class GrammarRequest:
+    """A request's output constraint, as parsed from its body (compiled later, on a frontend worker).
+
+    ``kind`` is one of GRAMMAR_KINDS; ``value`` is None for json_object, the schema (a dict)
+    for json_schema, the pattern for regex, a tuple of strings for choice and the grammar
+    text (Lark, or GBNF when it has ``::=`` rules) for grammar. ``param`` names the request
+    field that carried it, for the 400 a grammar that does not compile gets.
+    """
+
+    kind: str
+    value: Any = None
+    param: str = "response_format"
+
+    def __post_init__(self):
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"unknown grammar kind {self.kind!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling and stopping settings (OpenAI semantics)."""
@@ -39,6 +61,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar: GrammarRequest | None = None  # structured output (frontend/grammar)
 
     @property
     def is_greedy(self) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import Error
-from ..request import EventSink, GenerationDefaults, ModelCard, PreparedPrompt, SamplingParams
+from ..request import EventSink, GenerationDefaults, GrammarRequest, ModelCard, PreparedPrompt, SamplingParams
 from .telemetry import EngineStats
 
 
@@ -62,7 +62,13 @@ class Engine(Protocol):
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         """The vocabulary string of each token (/tokenize's token_strs)."""
 
-    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RequestTicket: ...
+    def prepare_grammar(self, request: GrammarRequest) -> Any:
+        """Compile a structured-output constraint (on a frontend worker) into the matcher that
+        :meth:`submit` takes; GrammarError (400) when it cannot be enforced."""
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink,
+               grammar: Any = None) -> RequestTicket:
+        """Queue a request; ``grammar`` is :meth:`prepare_grammar`'s result when ``params.grammar`` is set."""
 
     def stats(self) -> EngineStats:
         """Counters and gauges for /metrics and snapshots (flare/engine/telemetry.py)."""

@@ -23,6 +23,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..core.format import Core, load_core
 from ..errors import ExecutionError
+from ..frontend.grammar import GrammarCompiler
 from ..request import ErrorEvent, Event, FinishEvent, PreparedPrompt, SamplingParams
 from ..scheduler.scheduler import RequestScheduler
 
@@ -43,6 +44,10 @@ class NativeModel:
         self.executor = executor
         self.runtime = runtime
         self.tokenizer = tokenizer
+        # Structured output over the core's tokenizer and the model's vocabulary (built on first use).
+        self.grammars = GrammarCompiler(core.asset("tokenizer.json").read_text(encoding="utf-8"),
+                                        core.assets["tokenizer.json"]["sha256"], core.recipe.eos_token_ids,
+                                        loaded.contract.vocab_size)
 
     @classmethod
     def load(cls, core: str | Path | Core, config: EngineConfig = EngineConfig(), *,
@@ -79,16 +84,18 @@ class NativeModel:
     def context_len(self) -> int:
         return self.loaded.contract.context
 
-    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink):
-        return self.runtime.submit(prompt, params, sink)
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink, grammar=None):
+        return self.runtime.submit(prompt, params, sink, grammar)
 
     def generate(self, prompt: PreparedPrompt | Sequence[int], params: SamplingParams = SamplingParams(),
                  timeout: float | None = None) -> Iterator[Event]:
-        """Submit and yield events until the terminal one (blocking)."""
+        """Submit and yield events until the terminal one (blocking); ``params.grammar`` is
+        compiled here."""
         if not isinstance(prompt, PreparedPrompt):
             prompt = PreparedPrompt(np.asarray(prompt, dtype=np.int32))
+        grammar = self.grammars.compile(params.grammar).matcher() if params.grammar is not None else None
         events: queue.Queue = queue.Queue()
-        ticket = self.runtime.submit(prompt, params, events.put)
+        ticket = self.runtime.submit(prompt, params, events.put, grammar)
         try:
             while True:
                 event = events.get(timeout=timeout)

@@ -15,7 +15,15 @@ from ..errors import FrontendError
 from ..frontend.annotations import sha256_hex
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings, read_template_file
 from ..frontend.template.limits import TemplateLimits
-from ..request import EventSink, GenerationDefaults, ModelCard, ModelDetails, PreparedPrompt, SamplingParams
+from ..request import (
+    EventSink,
+    GenerationDefaults,
+    GrammarRequest,
+    ModelCard,
+    ModelDetails,
+    PreparedPrompt,
+    SamplingParams,
+)
 from .model import NativeModel, core_identity
 from .telemetry import EngineStats
 
@@ -151,8 +159,11 @@ class NativeEngine:
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         return self.frontend.token_strings(token_ids)
 
-    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink):
-        return self.model.submit(prompt, params, sink)
+    def prepare_grammar(self, request: GrammarRequest):
+        return self.model.grammars.compile(request).matcher()
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink, grammar=None):
+        return self.model.submit(prompt, params, sink, grammar)
 
     def stats(self) -> EngineStats:
         return self.model.runtime.stats()

@@ -3,8 +3,16 @@
 Each turn of the model thread::
 
     admit new requests -> poll completions -> RequestScheduler.complete
+    -> advance grammars (structured output: consume tokens, next masks)
     -> publish tokens (incremental detokenization, stop strings, EOS, max tokens)
     -> retire terminals -> plan -> commit(next fence) -> pack inputs -> submit
+
+Structured output: a step that samples a constrained request carries that request's
+next-token bitmask, which depends on the token its previous step sampled, so it is
+submitted grammar-constrained: into an empty window, and nothing else is submitted
+until its completion is polled (spec: "a grammar submission requires an empty window and
+blocks further submissions until its completion is consumed"). Unconstrained rows ride
+in the same step. A grammar that reaches its end finishes the request (reason stop).
 
 The thread never blocks on the network: events go to each request's sink,
 which the server forwards to its event loop. Publication is ordered per
@@ -19,6 +27,7 @@ confirmed. The runtime never restarts; later submissions get a 503.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -29,6 +38,7 @@ from typing import Callable, Protocol
 from ..contract import GraphKind
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
+from ..frontend.grammar import Matcher, fill_masks
 from ..model.inputs import Inputs, pack_step
 from ..request import (
     ErrorEvent,
@@ -77,6 +87,7 @@ class _Consumer:
     is_released: bool = False  # its model admission capacity is given back (guarded by the runtime's lock)
     cached_tokens: int = 0
     first_token_at: float | None = None
+    grammar: Matcher | None = None  # structured output: the request's place in its grammar
 
 
 class RuntimeTicket:
@@ -120,6 +131,7 @@ class ModelRuntime:
         self._ingress: deque[_Consumer] = deque()
         self._cancels: deque[_Consumer] = deque()
         self._consumers: dict[int, _Consumer] = {}  # rid -> consumer, admitted to the scheduler
+        self._constrained: dict[int, _Consumer] = {}  # rid -> consumer with a grammar (structured output)
         self._accepted = 0  # requests accepted, not yet terminal nor cancelled (model admission capacity)
         self._closing = False
         self._shed: Error | None = None  # end queued requests with this error (model thread)
@@ -134,9 +146,13 @@ class ModelRuntime:
 
     # -- any thread -------------------------------------------------------------
 
-    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RuntimeTicket:
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink,
+               grammar: Matcher | None = None) -> RuntimeTicket:
+        """Queue a request; ``grammar`` (required when ``params.grammar`` is set) constrains its output."""
+        if (grammar is None) != (params.grammar is None):
+            raise ValueError("a constrained request needs its matcher, and a matcher its constraint")
         consumer = _Consumer(prompt, params, sink, self.decoder_factory(), time.monotonic(),
-                             stops=StopText(params.stop))
+                             stops=StopText(params.stop), grammar=grammar)
         with self._lock:
             if self.failure is not None or self._closing:
                 raise AdmissionError("the model worker is unavailable"
@@ -287,12 +303,69 @@ class ModelRuntime:
             plan = sched.plan()
             if plan is None:
                 break
+            constrained = self._constrained_rows(plan) if self._constrained else ()
+            if constrained:
+                if ex.outstanding:
+                    break  # a grammar step goes into an empty window: let it drain (the plan is dropped)
+                for slot, consumer in constrained:
+                    self.inputs.set_grammar_mask(slot, consumer.grammar.mask)
             step = sched.commit(plan, ex.next_fence)
-            ex.submit(plan.graph_index, pack_step(self.inputs, step))
+            ex.submit(plan.graph_index, pack_step(self.inputs, step), grammar_constrained=bool(constrained))
             if plan.kind == GraphKind.PREFILL:
                 self.counters.prompt_tokens += sum(r.num_tokens for r in step.rows)
             submitted = True
         return submitted
+
+    def _constrained_rows(self, plan) -> list:
+        """(slot, consumer) of each constrained request the plan samples for."""
+        cols = plan.cols
+        rows = []
+        for rid, slot, sample in zip(cols.rids.tolist(), cols.slots.tolist(), cols.sample.tolist()):
+            consumer = self._constrained.get(rid)
+            if consumer is not None and sample:
+                rows.append((slot, consumer))
+        return rows
+
+    def _advance_grammars(self, result: StepResult) -> list[_Consumer]:
+        """Feed each constrained request the tokens this step sampled and refill its mask;
+        returns those whose grammar is complete (they finish once their tokens are published).
+        A request that ended here anyway (EOS, length) needs no further mask."""
+        by_rid: dict[int, list[int]] = {}
+        for rid, token in zip(result.rids.tolist(), result.token_ids.tolist()):
+            if rid in self._constrained:
+                by_rid.setdefault(rid, []).append(token)
+        if not by_rid:
+            return []
+        ended = {e.rid for e in result.ended}
+        refill, complete = [], []
+        for rid, tokens in by_rid.items():
+            consumer = self._constrained[rid]
+            if consumer.is_done or rid in ended:
+                continue
+            failure = consumer.grammar.advance(tokens)
+            if failure is not None:
+                self._fail(consumer, failure)
+            elif consumer.grammar.is_stopped:
+                self.scheduler.finish(rid, "stop")
+                complete.append(consumer)
+            else:
+                refill.append(consumer)
+        fill_masks([c.grammar for c in refill])
+        for consumer in refill:
+            failure = consumer.grammar.failure
+            if failure is not None:
+                self._fail(consumer, failure)
+        return complete
+
+    def _fail(self, consumer: _Consumer, error: Error) -> None:
+        """End one request with ``error``; the others go on."""
+        if consumer.is_done:
+            return
+        log.warning("request %d failed: %s", consumer.rid, error)
+        self.scheduler.cancel(consumer.rid)
+        self._consumers.pop(consumer.rid, None)
+        self.counters.requests_failed += 1
+        self._end(consumer, ErrorEvent(error))
 
     def _admit(self, consumer: _Consumer) -> None:
         if consumer.is_done:  # cancelled before the model thread saw it arrive
@@ -305,6 +378,8 @@ class ModelRuntime:
             self._end(consumer, ErrorEvent(exc))
             return
         self._consumers[consumer.rid] = consumer
+        if consumer.grammar is not None:
+            self._constrained[consumer.rid] = consumer
         self.counters.requests_admitted += 1
 
     def _cancel(self, consumer: _Consumer, event=None) -> None:
@@ -323,17 +398,21 @@ class ModelRuntime:
             raise done.error
         result = self.scheduler.complete(done.fence, done.graph_index, done.records, done.duration_ns)
         self.counters.device_busy_ns += done.duration_ns
+        # The next masks come first: the step that refills the window may sample these requests.
+        complete = self._advance_grammars(result) if self._constrained else ()
         # Refill the freed frame before the host work of publishing (detokenizing and
         # handing tokens to every stream), so the device never waits on it. A request
         # that publishing then finishes (a stop string) may get one more pipelined step,
         # which the scheduler validates and discards like any step after an end.
         self._fill_window(closing)
-        self._publish(result, done)
+        self._publish(result, done, complete)
 
-    def _publish(self, result: StepResult, done: ExecutionCompletion) -> None:
+    def _publish(self, result: StepResult, done: ExecutionCompletion, complete=()) -> None:
         self._is_publishing = True
         try:
             self._publish_step(result, done)
+            for consumer in complete:  # their grammar ended: stop after the tokens that completed it
+                self._finish(consumer, "stop", None)
         finally:
             self._is_publishing = False
         self._deliver_terminals()
@@ -371,7 +450,9 @@ class ModelRuntime:
             if logprobs is not None and not is_stop_token:
                 row = done.logprobs[slot]
                 ids = done.top_ids[slot]
-                top = tuple((int(ids[k]), float(row[1 + k])) for k in range(params.top_logprobs))
+                # a constrained row's forbidden tokens have probability 0 (logprob -inf): not shown
+                top = tuple((int(ids[k]), float(row[1 + k])) for k in range(params.top_logprobs)
+                            if row[1 + k] > -math.inf)
                 logprobs.append(TokenLogprob(token, float(row[0]), top))
         text, stop = consumer.stops.feed(consumer.decoder.push(visible) if visible else "")
         if text or visible:
@@ -402,6 +483,7 @@ class ModelRuntime:
         that count it are published, so a client that reads them on its last event sees
         itself counted. Within one step's publication the events wait for one publish."""
         consumer.is_done = True
+        self._constrained.pop(consumer.rid, None)
         with self._lock:
             self._release(consumer)
         if event is not None:

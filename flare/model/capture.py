@@ -42,14 +42,15 @@ def _size(graph) -> tuple[int, int]:
 
 def use_kernels(programs: StepPrograms) -> None:
     """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV),
-    the greedy variant to its two-launch token choice, and a decode step's slot reads and
+    the greedy variant to its two-launch token choice, structured-output masking to one launch, and a decode step's slot reads and
     every sampling program's slot writes to one launch each."""
     from .decoder import cuda_ops
     from .kernels import slots
-    from .kernels.sampling import greedy_tokens
+    from .kernels.sampling import apply_grammar_masks, greedy_tokens
 
     programs.decoder.ops = cuda_ops()
     programs.greedy_tokens = greedy_tokens
+    programs.apply_grammar_masks = apply_grammar_masks
     contract = programs.contract
     programs.decode_inputs = partial(slots.decode_inputs, programs.buffers, context=contract.context,
                                      page_tokens=contract.page_tokens)

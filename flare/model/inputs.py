@@ -21,6 +21,7 @@ import numpy as np
 from ..contract import (
     SAMPLING_COLUMNS,
     SAMPLING_FREQUENCY,
+    SAMPLING_GRAMMAR,
     SAMPLING_MIN_P,
     SAMPLING_PRESENCE,
     SAMPLING_REPETITION,
@@ -42,6 +43,7 @@ def sampling_row(params) -> np.ndarray:
     row[SAMPLING_PRESENCE] = params.presence_penalty
     row[SAMPLING_FREQUENCY] = params.frequency_penalty
     row[SAMPLING_REPETITION] = params.repetition_penalty
+    row[SAMPLING_GRAMMAR] = params.grammar is not None
     return row
 
 
@@ -93,6 +95,10 @@ class Inputs:
         if len(logical_pages):
             physical = np.asarray(logical_pages, dtype=np.int64) + 1
             self._write("slot.page_table", (slot, slice(first, first + len(physical))), physical)
+
+    def set_grammar_mask(self, slot: int, mask: np.ndarray) -> None:
+        """The constrained slot's allowed next tokens (uploaded only when they changed)."""
+        self._write("slot.grammar_mask", slot, mask)
 
     # -- step inputs -----------------------------------------------------------
 

@@ -35,7 +35,7 @@ from ..contract import (
 )
 from .attention import AttentionBatch, KVCache
 from .decoder import Decoder
-from .sampling import apply_penalties, greedy_tokens, philox_uniform, sample
+from .sampling import apply_grammar_masks, apply_penalties, greedy_tokens, philox_uniform, sample
 
 _TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "int32": torch.int32}
 
@@ -73,6 +73,7 @@ class StepPrograms:
         # greedy variant's token choice, a decode step's reads of the slot state and every
         # sampling program's writes back. The methods named here are the reference.
         self.greedy_tokens = greedy_tokens
+        self.apply_grammar_masks = apply_grammar_masks  # (logits, sampling, masks, slots) -> None, in place
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
         self.commit = self._commit  # (slots, token, do_sample, kind, positions=None, rows=None) -> None
         self._ones = torch.ones(contract.max_batch, dtype=torch.bool, device=self.device)  # do_sample of decode rows
@@ -140,6 +141,9 @@ class StepPrograms:
         """
         buf = self.buffers
         logits = self.decoder.logits(hidden)  # [b, V] float32
+        # Structured output: a constrained slot's disallowed tokens become -inf before any filter,
+        # penalty or logprob sees them (rows whose slot is not constrained are left as they are).
+        self.apply_grammar_masks(logits, buf["slot.sampling"], buf["slot.grammar_mask"], slots)
         if greedy:
             token = self.greedy_tokens(logits, buf["slot.sampling"], self.output_counts, self.prompt_counts, slots,
                                        do_sample, buf["slot.token"])

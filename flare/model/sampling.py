@@ -17,6 +17,7 @@ import torch
 from ..contract import (  # noqa: F401 - the column layout lives with the contract
     SAMPLING_COLUMNS,
     SAMPLING_FREQUENCY,
+    SAMPLING_GRAMMAR,
     SAMPLING_MIN_P,
     SAMPLING_PRESENCE,
     SAMPLING_REPETITION,
@@ -86,6 +87,26 @@ def apply_penalties(logits: torch.Tensor, params: torch.Tensor, output_counts: t
     presence = params[:, SAMPLING_PRESENCE:SAMPLING_PRESENCE + 1]
     frequency = params[:, SAMPLING_FREQUENCY:SAMPLING_FREQUENCY + 1]
     return logits - presence * (counts > 0).to(torch.float32) - frequency * counts
+
+
+def apply_grammar_masks(logits: torch.Tensor, sampling: torch.Tensor, masks: torch.Tensor,
+                        slots: torch.Tensor) -> None:
+    """Set to -inf, in place, every logit a constrained row's bitmask forbids.
+
+    logits [B, V] float32; sampling [slots, SAMPLING_COLUMNS] (SAMPLING_GRAMMAR marks a
+    constrained slot); masks int32 [slots, ceil(V / 32)]: bit t % 32 of word t // 32 allows
+    token t. Only the constrained rows are touched, so an unconstrained batch costs one
+    flag read per row (this eager form runs on the CPU; CUDA graphs use
+    :func:`flare.model.kernels.sampling.apply_grammar_masks`).
+    """
+    rows = (sampling[slots, SAMPLING_GRAMMAR] > 0).nonzero().view(-1)
+    if rows.numel() == 0:
+        return
+    v = logits.shape[1]
+    words = masks[slots[rows]]  # [R, W] int32
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(rows.numel(), -1)[:, :v].bool()
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
 
 def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,

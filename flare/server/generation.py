@@ -7,7 +7,8 @@ settings, builds a :class:`GenerationFormat` for the request, and calls
 1. prepare the prompt on a frontend worker (chat template, tokenizer);
 2. return quietly if the client left meanwhile;
 3. resolve the sampling parameters against the context (400 when prompt plus
-   output do not fit);
+   output do not fit); compile a structured-output constraint on a frontend worker
+   (400 when it cannot be enforced);
 4. refuse with 503 if shutdown began while the request waited for a worker;
 5. ``engine.submit`` with an :class:`EventStream` as the sink, registered as an
    :class:`ActiveGeneration` so that shutdown can end it, with a disconnect
@@ -25,6 +26,7 @@ that arrived together is written with one ``transport.write``.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from ..errors import AdmissionError, Error, ExecutionError
@@ -153,10 +155,15 @@ async def generate(state: "ServerState", request: HttpRequest, conn: HttpConnect
     if conn.is_lost:
         return None  # the client left while its prompt was prepared
     params = resolve(len(prompt), state.engine.context_len, state.config.context_hint)
+    grammar = None
+    if params.grammar is not None:  # structured output: compiled on a worker too (GrammarError: 400)
+        grammar = await state.frontend.run(partial(state.engine.prepare_grammar, params.grammar))
+        if conn.is_lost:
+            return None
     refuse_when_draining(state)  # it waited for a frontend worker while shutdown began
     output_parser = parsers.get(parser)()
     events = EventStream(state.dispatcher)
-    ticket = state.engine.submit(prompt, params, events.sink)  # raises AdmissionError (400/503)
+    ticket = state.engine.submit(prompt, params, events.sink, grammar)  # raises AdmissionError (400/503)
     active = ActiveGeneration(ticket, events)
     state.generations.add(active)
 

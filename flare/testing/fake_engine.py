@@ -52,7 +52,15 @@ from ..frontend.annotations import sha256_hex
 from ..frontend.forms import STRING, adapt_content
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings
 from ..frontend.tokenizer import _bytes_to_unicode
-from ..request import EventSink, GenerationDefaults, ModelCard, ModelDetails, PreparedPrompt, SamplingParams
+from ..request import (
+    EventSink,
+    GenerationDefaults,
+    GrammarRequest,
+    ModelCard,
+    ModelDetails,
+    PreparedPrompt,
+    SamplingParams,
+)
 from ..scheduler.scheduler import RequestScheduler
 from .fake_executor import FakeExecutor
 
@@ -245,7 +253,11 @@ class FakeEngine:
 
     # -- admission (event loop) ----------------------------------------------
 
-    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> RuntimeTicket:
+    def prepare_grammar(self, request: GrammarRequest):
+        raise FrontendError("structured output needs a model: the fake engine's executor samples no masks",
+                            code="unsupported", param=request.param)
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink, grammar=None) -> RuntimeTicket:
         if len(prompt) + params.max_tokens > self.context_len:
             raise AdmissionError(f"prompt of {len(prompt)} tokens plus max_tokens of {params.max_tokens} exceeds "
                                  f"the context of {self.context_len} tokens", status=400,
@@ -253,7 +265,7 @@ class FakeEngine:
         text = prompt.text if prompt.text is not None else bytes(
             int(t) for t in prompt.token_ids if t < 256).decode("utf-8", "replace")
         self._replies.add(prompt.token_ids, _Reply(self._reply(text), CRASH_MARKER in text))
-        return self.runtime.submit(prompt, params, sink)
+        return self.runtime.submit(prompt, params, sink, grammar)
 
     def _reply(self, prompt_text: str) -> bytes:
         if prompt_text.endswith("<|im_start|>assistant\n"):

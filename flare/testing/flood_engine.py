@@ -19,9 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..engine.telemetry import EngineStats
-from ..errors import AdmissionError, Error
+from ..errors import AdmissionError, Error, FrontendError
 from ..frontend.tokenizer import Tokenizer
-from ..request import ErrorEvent, EventSink, FinishEvent, ModelCard, PreparedPrompt, SamplingParams, TokenEvent, Usage
+from ..request import (
+    ErrorEvent,
+    EventSink,
+    FinishEvent,
+    GrammarRequest,
+    ModelCard,
+    PreparedPrompt,
+    SamplingParams,
+    TokenEvent,
+    Usage,
+)
 from .fake_engine import FILLER, FakeEngineConfig, byte_chat_prompt, byte_text_prompt, byte_tokenizer_json
 
 _FILLER = FILLER.encode("utf-8")
@@ -83,7 +93,11 @@ class FloodEngine:
     def token_bytes(self, token_id: int) -> bytes:
         return self._tokenizer.token_bytes(token_id)
 
-    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink) -> _Ticket:
+    def prepare_grammar(self, request: GrammarRequest):
+        raise FrontendError("structured output needs a model, which the flood engine has none of",
+                            code="unsupported", param=request.param)
+
+    def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink, grammar=None) -> _Ticket:
         flow = _Flow(len(prompt), params.max_tokens, sink)
         with self._lock:
             if self._is_closed:

@@ -241,6 +241,18 @@ def test_greedy_sampling_kernels_compile_for_sm90(launches):
         "penalties must divide and subtract as the torch reference does"
 
 
+def test_grammar_mask_kernel_compiles_for_sm90(launches):
+    from flare.contract import SAMPLING_COLUMNS, mask_words
+    from flare.model.kernels.sampling import apply_grammar_masks
+
+    slots, vocab = 65, 128256
+    masks = torch.zeros(slots, mask_words(vocab), dtype=torch.int32)
+    for b in (1, 64):
+        apply_grammar_masks(torch.randn(b, vocab), torch.ones(slots, SAMPLING_COLUMNS), masks, torch.arange(b))
+    names = _compile_all(launches, {})
+    assert names == ["_grammar_mask_kernel"], names
+
+
 def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
     from flare.contract import RECORD_FIELDS, GraphKind
     from flare.model.kernels import slots

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...contract import SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
+from ...contract import SAMPLING_FREQUENCY, SAMPLING_GRAMMAR, SAMPLING_PRESENCE, SAMPLING_REPETITION
 from ._common import next_power_of_2, pdl_level, pdl_options, require, require_same_device, wait_for_inputs
 
 _BLOCK = 2048
@@ -104,4 +104,47 @@ def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
     return out
 
 
-__all__ = ["greedy_tokens"]
+@triton.jit
+def _grammar_mask_kernel(
+    logits_ptr, sampling_ptr, masks_ptr, slots_ptr, vocab, s_logits, s_sampling, s_masks,
+    GRAMMAR: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    # The logits are the previous kernel's output: wait before any write, even a row that
+    # turns out unconstrained (a program that left early would end this kernel before the
+    # logits were done, and the next kernel's wait would no longer cover them).
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    if tl.load(sampling_ptr + slot * s_sampling + GRAMMAR) == 0:
+        return
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < vocab
+    words = tl.load(masks_ptr + slot * s_masks + cols // 32, mask=ok, other=0)
+    forbidden = ((words >> (cols % 32)) & 1) == 0
+    tl.store(logits_ptr + row.to(tl.int64) * s_logits + cols, tl.full((BLOCK,), float("-inf"), tl.float32),
+             mask=ok & forbidden)
+
+
+def apply_grammar_masks(logits: torch.Tensor, sampling: torch.Tensor, masks: torch.Tensor,
+                        slots: torch.Tensor) -> None:
+    """:func:`flare.model.sampling.apply_grammar_masks` in one launch: writes only the
+    forbidden logits of constrained rows; an unconstrained row's programs read one flag."""
+    kernel = "apply_grammar_masks"
+    b, vocab = logits.shape
+    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
+            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
+    require(masks.dtype == torch.int32 and masks.stride(1) == 1 and masks.shape[1] * 32 >= vocab, kernel,
+            f"masks must be int32 [slots, >= {-(-vocab // 32)}] with contiguous rows")
+    require(sampling.dtype == torch.float32 and sampling.stride(1) == 1, kernel, "sampling must be float32 rows")
+    require(slots.shape == (b,), kernel, f"slots must be [{b}]")
+    require_same_device(kernel, logits=logits, sampling=sampling, masks=masks, slots=slots)
+    pdl = pdl_level(logits)
+    _grammar_mask_kernel[(b, triton.cdiv(vocab, _MASK_BLOCK))](
+        logits, sampling, masks, slots, vocab, logits.stride(0), sampling.stride(0), masks.stride(0),
+        GRAMMAR=SAMPLING_GRAMMAR, BLOCK=_MASK_BLOCK, PDL=pdl, num_warps=4, **pdl_options(pdl),
+    )
+
+
+_MASK_BLOCK = 4096
+
+__all__ = ["apply_grammar_masks", "greedy_tokens"]

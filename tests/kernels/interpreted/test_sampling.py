@@ -61,3 +61,28 @@ def test_bad_inputs_raise_typed_errors():
                       do_sample, slot_token)
     with pytest.raises(KernelInputError, match="greedy_tokens: counts must be int32"):
         greedy_tokens(torch.zeros(1, VOCAB + 1), sampling, out_counts, prompt_counts, slots, do_sample, slot_token)
+
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_grammar_masks_match_the_reference(seed):
+    from flare.contract import SAMPLING_GRAMMAR, mask_words
+    from flare.model.kernels.sampling import apply_grammar_masks
+
+    gen = torch.Generator().manual_seed(seed)
+    sampling = torch.zeros(6, SAMPLING_COLUMNS)
+    sampling[[2, 5], SAMPLING_GRAMMAR] = 1.0
+    masks = torch.randint(-2**31, 2**31 - 1, (6, mask_words(VOCAB)), generator=gen, dtype=torch.int32)
+    masks[5] = 0
+    masks[5, 3] = 1 << 7  # slot 5 allows token 3 * 32 + 7 only
+    slots = torch.tensor([2, 0, 5, 3])
+    logits = torch.randn(4, VOCAB, generator=gen)
+    want, got = logits.clone(), logits.clone()
+    reference.apply_grammar_masks(want, sampling, masks, slots)
+    apply_grammar_masks(got, sampling, masks, slots)
+    assert torch.equal(want, got)
+    assert torch.equal(got[1], logits[1]) and torch.equal(got[3], logits[3])  # slots 0 and 3: unconstrained
+    allowed = [t for t in range(VOCAB) if (int(masks[2, t // 32]) >> (t % 32)) & 1]
+    assert torch.isfinite(got[0]).nonzero().view(-1).tolist() == allowed  # slot 2: its random mask
+    assert torch.equal(got[0][allowed], logits[0][allowed])
+    assert torch.isfinite(got[2]).nonzero().view(-1).tolist() == [3 * 32 + 7]  # slot 5: one token
