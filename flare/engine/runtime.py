@@ -112,6 +112,7 @@ class RuntimeCounters:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     device_busy_ns: int = 0  # summed measured durations of completed steps
+    grammar_steps: int = 0  # grammar-constrained submissions
     launches: dict = field(default_factory=dict)
 
 
@@ -232,7 +233,7 @@ class ModelRuntime:
             slots_live=s.num_live, slots_free=s.slots.num_free, slots_retiring=s.slots.num_retiring,
             pages_reusable=s.pages.num_free, snapshots_reusable=s.rows.num_free,
             checkpoints_cached=c.cached_checkpoints, pages_cached=c.cached_pages,
-            requests_pending=s.num_queued + len(self._ingress),
+            requests_pending=s.num_queued + len(self._ingress), grammar_steps=counters.grammar_steps,
             launches={LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()}, requests=rows)
 
     # -- model thread -----------------------------------------------------------
@@ -311,6 +312,7 @@ class ModelRuntime:
                     self.inputs.set_grammar_mask(slot, consumer.grammar.mask)
             step = sched.commit(plan, ex.next_fence)
             ex.submit(plan.graph_index, pack_step(self.inputs, step), grammar_constrained=bool(constrained))
+            self.counters.grammar_steps += bool(constrained)
             if plan.kind == GraphKind.PREFILL:
                 self.counters.prompt_tokens += sum(r.num_tokens for r in step.rows)
             submitted = True

@@ -72,6 +72,14 @@ class EngineStats:
     checkpoints_cached: int = _stat(GAUGE, "Prefix checkpoints held by the cache.")
     pages_cached: int = _stat(GAUGE, "KV pages owned by cached checkpoints.")
     requests_pending: int = _stat(GAUGE, "Requests admitted by the model runtime and waiting for a slot.")
+    grammar_steps: int = _stat(COUNTER, "Steps that sampled a structured-output request (each ran in an empty "
+                                        "executor window).")
+    grammar_compiles: int = _stat(COUNTER, "Structured-output constraints compiled (grammar cache misses).")
+    grammar_compile_errors: int = _stat(COUNTER, "Structured-output constraints refused because they cannot be "
+                                                 "enforced.")
+    grammar_cache_hits: int = _stat(COUNTER, "Structured-output constraints served from the compiled-grammar cache.")
+    grammar_compile_seconds: float = _stat(COUNTER, "Wall time spent compiling structured-output constraints.")
+    grammars_cached: int = _stat(GAUGE, "Compiled grammars held by the grammar cache.")
     launches: Mapping[str, int] = field(default_factory=dict)  # successful graph launches by kind name
     requests: tuple[RequestRow, ...] = ()  # live requests, for dashboards
 
