@@ -11,7 +11,11 @@
    the per-step device time from CUDA events (the median of every step of the
    measured round) and the wall time per step; the HBM floor for the bytes a decode
    step reads.
-4. Serving through HTTP: the same loaded model behind the real server, driven by
+4. Structured output: the same decode rounds with every row constrained by an extraction
+   schema (tools/bench_grammar.py's send_email), beside the unconstrained rounds of step 3;
+   the mask kernel's device time, the mask upload (bytes per step and their copy time), the
+   host's mask computation per step, and compile / cache-hit times of the 20 schemas.
+5. Serving through HTTP: the same loaded model behind the real server, driven by
    tools/bench_serving.py (random prompts 1,024 in, 256 out, 256 requests, concurrency
    64); device busy fraction = measured step time / wall time while all 64 slots are
    live (steady decode), and over the whole run.
@@ -285,6 +289,197 @@ def _decode_rounds(model, sched, contract, rng, observed: dict[int, list[int]]) 
             f"{batch / (wall_ms / 1e3):.0f} tok/s")
 
 
+def structured_runs(model) -> None:
+    """Decode with every row grammar-constrained, beside the unconstrained figures of
+    decode_runs (same prompts' shape, same lengths, same run)."""
+    from bench_grammar import SCHEMAS
+
+    from flare.engine import runtime as runtime_module
+    from flare.frontend.grammar import GrammarCompiler
+    from flare.request import GrammarRequest
+
+    core = model.core
+    # compile: the 20 schemas on a fresh compiler (its token tries built first, timed apart)
+    compiler = GrammarCompiler(core.asset("tokenizer.json").read_text(encoding="utf-8"), "bench",
+                               core.recipe.eos_token_ids, model.loaded.contract.vocab_size)
+    t0 = time.perf_counter()
+    compiler.warm()
+    RESULTS["grammar_tokenizer_setup_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+    compile_ms, hit_ms, refused = [], [], []
+    for name, schema in SCHEMAS.items():
+        request = GrammarRequest("json_schema", schema)
+        t0 = time.perf_counter()
+        try:
+            compiler.compile(request)
+        except Exception as exc:  # noqa: BLE001 - a refused schema is reported, not fatal
+            refused.append(f"{name}: {exc}")
+            continue
+        compile_ms.append((time.perf_counter() - t0) * 1e3)
+        for _ in range(20):
+            t0 = time.perf_counter()
+            compiler.compile(request)
+            hit_ms.append((time.perf_counter() - t0) * 1e3)
+    RESULTS["grammar_compile_ms_median_p90_max"] = [round(float(v), 3) for v in
+                                                    (np.median(compile_ms), np.percentile(compile_ms, 90),
+                                                     max(compile_ms))]
+    RESULTS["grammar_cache_hit_ms_median"] = round(float(np.median(hit_ms)), 4)
+    RESULTS["grammar_refused"] = refused
+    log(f"grammar compile over {len(compile_ms)} schemas: median {np.median(compile_ms):.2f} ms, "
+        f"p90 {np.percentile(compile_ms, 90):.2f}, max {max(compile_ms):.2f}; cache hit "
+        f"{np.median(hit_ms) * 1e3:.1f} us; refused: {refused}")
+
+    # the mask kernel alone: [b, V] logits, every row constrained, then none
+    programs = model.loaded.programs
+    vocab, s1 = model.loaded.contract.vocab_size, model.loaded.contract.max_active + 1
+    masks = torch.randint(-2**31, 2**31 - 1, tuple(programs.buffers["slot.grammar_mask"].shape),
+                          dtype=torch.int32, device="cuda")
+    for batch in (1, 64):
+        for flag in (1.0, 0.0):
+            sampling = torch.zeros(s1, 8, device="cuda")
+            sampling[:, 7] = flag
+            logits = torch.randn(batch, vocab, device="cuda")
+            slots = torch.arange(1, batch + 1, device="cuda")
+            programs.apply_grammar_masks(logits, sampling, masks, slots)
+            # 100 launches in one CUDA graph, as the step replays it: device time, not launch cost
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(100):
+                    programs.apply_grammar_masks(logits, sampling, masks, slots)
+            graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            key = f"grammar_kernel_bs{batch}_{'constrained' if flag else 'free'}_us"
+            RESULTS[key] = round(start.elapsed_time(end) * 10, 2)  # ms per 100 launches -> us per launch
+    log("mask kernel: " + ", ".join(f"{k} {v}" for k, v in RESULTS.items() if k.startswith("grammar_kernel")))
+
+    # host mask computation per step, measured inside the runtime
+    fill_s: list[float] = []
+    original_fill = runtime_module.fill_masks
+
+    def timed_fill(matchers):
+        t0 = time.perf_counter()
+        original_fill(matchers)
+        if matchers:
+            fill_s.append(time.perf_counter() - t0)
+
+    runtime_module.fill_masks = timed_fill
+    schema = SCHEMAS["send_email"]
+    sched = model.runtime.scheduler
+    observed: dict[int, list[int]] = {}
+
+    def observe(graph_index: int, duration_ns: int, now: float, _original=sched.timing.observe) -> None:
+        observed.setdefault(graph_index, []).append(duration_ns)
+        _original(graph_index, duration_ns, now)
+
+    sched.timing.observe = observe
+    # the model thread's host work per step, by phase (instance attributes shadow the methods)
+    runtime = model.runtime
+    phases: dict[str, list[float]] = {}
+
+    def timed(name, method):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                phases.setdefault(name, []).append(time.perf_counter() - t0)
+        return wrapper
+
+    patched = {(runtime, "_advance_grammars"), (runtime, "_publish"), (sched, "complete"), (sched, "plan"),
+               (sched, "commit"), (runtime.executor, "submit")}
+    for owner, name in patched:
+        setattr(owner, name, timed(name, getattr(owner, name)))
+    rng = np.random.default_rng(5)
+    try:
+        for batch in (1, 64):
+            phases.clear()
+            _structured_round(model, batch, schema, rng, observed, fill_s)
+            RESULTS[f"structured_bs{batch}_host_us"] = {name: round(float(np.median(v)) * 1e6, 1)
+                                                        for name, v in sorted(phases.items())}
+            log(f"structured batch {batch} host phases (median us per call): "
+                f"{RESULTS[f'structured_bs{batch}_host_us']}")
+    finally:
+        runtime_module.fill_masks = original_fill
+        del sched.timing.observe
+        for owner, name in patched:
+            delattr(owner, name)
+
+
+def _structured_round(model, batch, schema, rng, observed, fill_s) -> None:
+    from flare.contract import GraphKind
+    from flare.request import FinishEvent, GrammarRequest, PreparedPrompt, SamplingParams, TokenEvent
+
+    contract = model.loaded.contract
+    runtime = model.runtime
+    request = GrammarRequest("json_schema", schema)
+    graph = contract.graph(GraphKind.DECODE, next(b for b in contract.batch_capacities if b >= batch), greedy=True)
+    for _ in range(2):  # warm, then measured
+        times: dict[int, list[float]] = {}
+        finishes: list[tuple[float, int, str]] = []
+        done = threading.Event()
+        observed.clear()
+        fill_s.clear()
+        uploaded0, steps0 = runtime.inputs.uploaded_bytes, runtime.counters.grammar_steps
+
+        def make_sink(i):
+            def sink(event):
+                now = time.perf_counter()
+                if isinstance(event, TokenEvent):
+                    times.setdefault(i, []).append(now)
+                else:
+                    finishes.append((now, i, event.reason if isinstance(event, FinishEvent) else repr(event)))
+                    if len(finishes) == batch:
+                        done.set()
+            return sink
+
+        for i in range(batch):
+            prompt = PreparedPrompt(rng.integers(1000, 120000, 128).astype(np.int32))
+            params = SamplingParams(max_tokens=129, temperature=0.0, ignore_eos=True, grammar=request)
+            model.submit(prompt, params, make_sink(i), model.grammars.compile(request).matcher())
+        if not done.wait(600):
+            raise RuntimeError("structured decode run did not finish")
+    first_end = min(t for t, _, _ in finishes)
+    gaps = [b - a for ts in times.values() for a, b in zip(ts[len(ts) // 4:], ts[len(ts) // 4 + 1:]) if b < first_end]
+    if not gaps:
+        gaps = [b - a for ts in times.values() for a, b in zip(ts, ts[1:])]
+    wall_ms = float(np.median(gaps)) * 1e3
+    steps = np.array(observed.get(graph.index, []), dtype=np.float64) / 1e6
+    grammar_steps = runtime.counters.grammar_steps - steps0
+    upload_kb = (runtime.inputs.uploaded_bytes - uploaded0) / max(1, grammar_steps) / 1024
+    tokens = [len(ts) for ts in times.values()]
+    by_grammar = sum(1 for _, _, reason in finishes if reason == "stop")
+    free_wall = RESULTS.get(f"bs{batch}_wall_ms_per_step")
+    RESULTS[f"structured_bs{batch}_wall_ms_per_token"] = round(wall_ms, 3)
+    RESULTS[f"structured_bs{batch}_ms_per_step"] = round(float(np.median(steps)), 3) if steps.size else None
+    RESULTS[f"structured_bs{batch}_vs_free_wall"] = round(wall_ms / free_wall, 3) if free_wall else None
+    RESULTS[f"structured_bs{batch}_host_mask_ms_per_step"] = round(float(np.median(fill_s)) * 1e3, 3) if fill_s \
+        else None
+    RESULTS[f"structured_bs{batch}_upload_kb_per_step"] = round(upload_kb, 1)
+    RESULTS[f"structured_bs{batch}_mean_tokens"] = round(float(np.mean(tokens)), 1)
+    RESULTS[f"structured_bs{batch}_ended_by_grammar"] = by_grammar
+    # the upload's own copy time: that many bytes, pinned host -> device, timed with events
+    nbytes = max(1, int(upload_kb * 1024))
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev.copy_(host, non_blocking=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        dev.copy_(host, non_blocking=True)
+    end.record()
+    torch.cuda.synchronize()
+    RESULTS[f"structured_bs{batch}_upload_copy_us"] = round(start.elapsed_time(end) / 20 * 1e3, 1)
+    log(f"structured batch {batch}: {wall_ms:.3f} ms/token wall (free: {free_wall} -> "
+        f"{RESULTS[f'structured_bs{batch}_vs_free_wall']}x), device {RESULTS[f'structured_bs{batch}_ms_per_step']} "
+        f"ms/step (free: {RESULTS.get(f'bs{batch}_ms_per_step')}), host masks "
+        f"{RESULTS[f'structured_bs{batch}_host_mask_ms_per_step']} ms/step, upload {upload_kb:.1f} KiB/step "
+        f"({RESULTS[f'structured_bs{batch}_upload_copy_us']} us), {np.mean(tokens):.1f} tokens/request, "
+        f"{by_grammar} of {batch} ended by the grammar")
+
+
 def serving(model, args) -> None:
     from busy import serve_and_measure
 
@@ -346,6 +541,7 @@ def main() -> int:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-hf-timing", action="store_true", help="transformers only for teacher forcing")
     parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--skip-structured", action="store_true", help="no structured-output decode rounds")
     add_load_arguments(parser)
     parser.add_argument("--prompt-vocab", type=int, default=120000, help="random prompt token ids below this")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -370,6 +566,9 @@ def main() -> int:
             teacher_forced(model, seq)
         decode_runs(model)
         save_results(args.out)
+        if not args.skip_structured:
+            structured_runs(model)
+            save_results(args.out)
         if not args.skip_serving:
             serving(model, args)
         profile_decode(model, args.out)
@@ -381,7 +580,9 @@ def main() -> int:
             "teacher_forced_agreement_torch_elementwise_split_gemms", "teacher_forced_agreement_vs_fp32",
             "hf_bf16_vs_fp32_agreement", "serving_output_tok_s",
             "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
-            "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms"]
+            "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms",
+            "structured_bs1_vs_free_wall", "structured_bs64_vs_free_wall", "grammar_compile_ms_median_p90_max",
+            "grammar_cache_hit_ms_median"]
     for k in keys:
         print(f"{k:>28}: {RESULTS.get(k)}")
     print(json.dumps(RESULTS))

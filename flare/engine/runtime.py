@@ -38,7 +38,7 @@ from typing import Callable, Protocol
 from ..contract import GraphKind
 from ..errors import AdmissionError, Error, ExecutionError
 from ..execution.base import ExecutionCompletion
-from ..frontend.grammar import Matcher, fill_masks
+from ..frontend.grammar import Matcher, advance_all, fill_masks
 from ..model.inputs import Inputs, pack_step
 from ..request import (
     ErrorEvent,
@@ -339,16 +339,16 @@ class ModelRuntime:
         if not by_rid:
             return []
         ended = {e.rid for e in result.ended}
+        steps = [(self._constrained[rid], tokens) for rid, tokens in by_rid.items()
+                 if rid not in ended and not self._constrained[rid].is_done]
+        advance_all([(consumer.grammar, tokens) for consumer, tokens in steps])
         refill, complete = [], []
-        for rid, tokens in by_rid.items():
-            consumer = self._constrained[rid]
-            if consumer.is_done or rid in ended:
-                continue
-            failure = consumer.grammar.advance(tokens)
+        for consumer, _ in steps:
+            failure = consumer.grammar.failure
             if failure is not None:
                 self._fail(consumer, failure)
             elif consumer.grammar.is_stopped:
-                self.scheduler.finish(rid, "stop")
+                self.scheduler.finish(consumer.rid, "stop")
                 complete.append(consumer)
             else:
                 refill.append(consumer)

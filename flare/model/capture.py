@@ -42,8 +42,8 @@ def _size(graph) -> tuple[int, int]:
 
 def use_kernels(programs: StepPrograms) -> None:
     """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV),
-    the greedy variant to its two-launch token choice, structured-output masking to one launch, and a decode step's slot reads and
-    every sampling program's slot writes to one launch each."""
+    the greedy variant to its two-launch token choice, structured-output masking to one launch,
+    and a decode step's slot reads and every sampling program's slot writes to one launch each."""
     from .decoder import cuda_ops
     from .kernels import slots
     from .kernels.sampling import apply_grammar_masks, greedy_tokens

@@ -283,7 +283,7 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
 
 
 @pytest.mark.parametrize("fields,needle", [
-    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "output_config.format"),
+    ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format.type"),
     ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
     ({"messages": [{"role": "user", "content": [IMAGE]}]}, "image"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [IMAGE]}]}]},
@@ -332,9 +332,9 @@ def test_refused_fields_are_400_naming_them(server, fields, needle):
 
 def test_sdk_raises_bad_request_for_refused_fields(server):
     client = _client(server)
-    with pytest.raises(anthropic.BadRequestError, match="structured output"):
+    with pytest.raises(anthropic.BadRequestError, match="output_config.format.schema"):
         client.messages.create(model=server.model, max_tokens=8, messages=USER,
-                               output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}})
+                               output_config={"format": {"type": "json_schema", "schema": "object"}})
     with pytest.raises(anthropic.BadRequestError, match="text only"):
         client.messages.count_tokens(model=server.model, messages=[{"role": "user", "content": [IMAGE]}])
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):

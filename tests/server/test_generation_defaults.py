@@ -160,9 +160,9 @@ def _fake_server(generation_config: str):
     seen: list[SamplingParams] = []
     submit = engine.submit
 
-    def recording_submit(prompt, params, sink):
+    def recording_submit(prompt, params, sink, grammar=None):
         seen.append(params)
-        return submit(prompt, params, sink)
+        return submit(prompt, params, sink, grammar)
 
     engine.submit = recording_submit
     session = Server.start(engine, ServerConfig(port=0, generation_config=generation_config))

@@ -300,8 +300,8 @@ def test_context_overflow_is_400(server):
 
 
 @pytest.mark.parametrize("route,body,needle", [
-    ("chat", {"format": "json"}, "format"),
-    ("chat", {"format": {"type": "object"}}, "format"),
+    ("chat", {"format": "yaml"}, "format"),
+    ("generate", {"format": ["json"]}, "format"),
     ("chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
     ("chat", {"messages": [{"role": "user", "content": ["x"]}]}, "content"),
     ("chat", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),

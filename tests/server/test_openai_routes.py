@@ -250,7 +250,7 @@ def test_completions_with_token_ids_and_logprobs(server):
     ({"messages": CHAT, "temperature": 9}, "temperature"),
     ({"messages": CHAT, "temperature": "hot"}, "temperature"),
     ({"messages": CHAT, "top_logprobs": 3}, "logprobs"),
-    ({"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": CHAT, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"messages": CHAT, "logit_bias": {"1": 5}}, "logit_bias"),
     ({"messages": CHAT, "stream_options": {"include_usage": True}}, "stream"),
     ({"messages": []}, "messages"),

@@ -197,8 +197,8 @@ def test_sdk_exceptions(server, launcher):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_unknown")
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model=server.model, input=QUESTION, text={"format": {"type": "json_object"}})
-    assert "text.format" in str(info.value)
+        client.responses.create(model=server.model, input=QUESTION, text={"format": {"type": "json_schema"}})
+    assert "text.format.name" in str(info.value)
 
 
 def test_context_overflow_names_counts_and_hint(launcher):
@@ -216,7 +216,7 @@ def test_context_overflow_names_counts_and_hint(launcher):
 
 @pytest.mark.parametrize("body,param", [
     ({"frobnicate": True}, "frobnicate"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tool_choice": "required"}, "tool_choice"),

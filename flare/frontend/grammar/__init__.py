@@ -8,12 +8,13 @@ The engine choice (llguidance over xgrammar) and its measurements are in docs/be
   and the tokenizer's fingerprint, with compile and cache-hit counters.
 - :class:`Matcher` (matcher.py) is one request's position in its grammar: it consumes the
   tokens the model sampled and fills the next-token bitmask row the sampling step applies;
-  :func:`fill_masks` fills a batch of rows on the engine's threads with the GIL released.
+  :func:`advance_all` and :func:`fill_masks` do that for a batch on the engine's threads
+  with the GIL released.
 
 Swapping the engine means reimplementing these two modules; nothing else imports llguidance.
 """
 
-from .compiler import Grammar, GrammarCompiler, GrammarStats, mask_words
-from .matcher import Matcher, fill_masks
+from .compiler import Grammar, GrammarCompiler, GrammarStats
+from .matcher import Matcher, advance_all, fill_masks
 
-__all__ = ["Grammar", "GrammarCompiler", "GrammarStats", "Matcher", "fill_masks", "mask_words"]
+__all__ = ["Grammar", "GrammarCompiler", "GrammarStats", "Matcher", "advance_all", "fill_masks"]

@@ -67,6 +67,19 @@ class Matcher:
         self._matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
 
 
+def advance_all(steps: Sequence[tuple[Matcher, Sequence[int]]]) -> None:
+    """Feed each matcher its tokens (a decode step's single tokens in parallel); a matcher
+    that refuses one reports it through :attr:`Matcher.failure`."""
+    singles = [(m._matcher, tokens[0]) for m, tokens in steps if len(tokens) == 1]
+    if len(singles) > 1:
+        _parallel().consume_token_par(singles)
+    else:
+        singles = ()
+    for m, tokens in steps:
+        if not singles or len(tokens) != 1:
+            m._matcher.consume_tokens(list(tokens))
+
+
 def fill_masks(matchers: Sequence[Matcher]) -> None:
     """Recompute each matcher's ``mask`` for its current state (a batch in parallel). A matcher
     that fails here reports it through :attr:`Matcher.failure`."""

@@ -5,14 +5,15 @@ messages.py converts them, tools as OpenAI function tools (``name``,
 ``description``, ``input_schema`` -> ``parameters``), and template options: a
 conversation that ends with an assistant turn is continued (prefill),
 ``thinking`` reaches the template as ``enable_thinking`` and
-``output_config.effort`` as ``reasoning_effort``.
+``output_config.effort`` as ``reasoning_effort``; ``output_config.format`` (or
+the beta's top-level ``output_format``) becomes the request's grammar
+(../structured.py).
 
 Every field the SDK can send is listed here: honoured, or refused with a 400
-naming it when set to a value we cannot honour (structured output, forced tool
-use, server tools, containers, ...). ``null`` counts as absent. What the body
-leaves out of the sampling settings takes the served model's generation
-defaults, else Anthropic's (which are OpenAI's: temperature 1, top_p 1, top_k
-off).
+naming it when set to a value we cannot honour (forced tool use, server tools,
+containers, ...). ``null`` counts as absent. What the body leaves out of the
+sampling settings takes the served model's generation defaults, else
+Anthropic's (which are OpenAI's: temperature 1, top_p 1, top_k off).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ....request import GenerationDefaults, SamplingParams
+from ....request import GenerationDefaults, GrammarRequest, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import shorten
 from ..openai.schema import (
@@ -36,11 +37,12 @@ from ..openai.schema import (
     _top_p,
     _unsupported,
 )
+from ..structured import anthropic_format
 from .messages import check_cache_control, check_keys, conversation, string_field, system_messages
 
 # What shapes the prompt: count_tokens takes exactly these.
 PROMPT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
-                           "cache_control", "speed"})
+                           "output_format", "cache_control", "speed"})
 MESSAGES_FIELDS = PROMPT_FIELDS | {"max_tokens", "stop_sequences", "metadata", "stream", "temperature", "top_p",
                                    "top_k", "service_tier", "container", "diagnostics", "inference_geo"}
 # Accepted only as null: what each would ask of a server that has no such thing.
@@ -89,6 +91,7 @@ def parse_messages(body: Any, defaults: GenerationDefaults) -> MessagesRequest:
     _metadata(body.get("metadata"))
     stops = _stop_sequences(body.get("stop_sequences"))
     model, prompt, is_shown = _prompt(body, max_tokens)
+    grammar = _output_format(body)
     top_k = _int(body, "top_k", 0)
     if top_k is None:
         top_k = defaults.top_k
@@ -99,6 +102,7 @@ def parse_messages(body: Any, defaults: GenerationDefaults) -> MessagesRequest:
         "min_p": defaults.sampling_default("min_p"),
         "repetition_penalty": defaults.sampling_default("repetition_penalty"),
         "stop": stops,
+        "grammar": grammar,
     }
     return MessagesRequest(model=model, prompt=prompt, max_tokens=max_tokens, sampling=sampling,
                            stop_sequences=stops, stream=_bool(body, "stream"), is_thinking_shown=is_shown)
@@ -109,6 +113,7 @@ def parse_count_tokens(body: Any) -> MessagesRequest:
     body = _object(body)
     _check_fields(body, PROMPT_FIELDS)
     model, prompt, is_shown = _prompt(body, None)
+    _output_format(body)  # checked as on /v1/messages; the prompt does not change
     return MessagesRequest(model=model, prompt=prompt, is_thinking_shown=is_shown)
 
 
@@ -231,14 +236,22 @@ def _output_config(config: Any, options: dict[str, Any]) -> None:
     if not isinstance(config, dict):
         raise _invalid("'output_config' must be an object", "output_config")
     check_keys(config, frozenset({"effort", "format"}), "output_config")
-    if config.get("format") is not None:
-        raise _unsupported("output_config.format (structured output with a JSON schema) is not served yet",
-                           "output_config.format")
     effort = config.get("effort")
     if effort is not None:
         if effort not in EFFORTS:
             raise _invalid(f"output_config.effort must be one of {', '.join(EFFORTS)}", "output_config.effort")
         options["reasoning_effort"] = effort
+
+
+def _output_format(body: Mapping[str, Any]) -> GrammarRequest | None:
+    """The grammar of ``output_config.format`` or the beta's ``output_format`` (not both);
+    ``output_config`` is already checked to be an object."""
+    from_config = anthropic_format((body.get("output_config") or {}).get("format"))
+    from_beta = anthropic_format(body.get("output_format"), "output_format")
+    if from_config is not None and from_beta is not None:
+        raise _invalid("'output_format' and 'output_config.format' cannot both be set: send "
+                       "output_config.format", "output_format")
+    return from_config or from_beta
 
 
 def _stop_sequences(stops: Any) -> tuple[str, ...]:

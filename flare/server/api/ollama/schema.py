@@ -1,8 +1,9 @@
 """Validation of Ollama's /api/chat and /api/generate bodies.
 
 Every accepted field and option is listed here; anything else, or a value we
-cannot honour (``format``, ``images``, ``suffix``, ``context``, Mirostat), is
-a 400 naming it. ``null`` counts as absent and ``stream`` defaults to true, as
+cannot honour (``images``, ``suffix``, ``context``, Mirostat), is a 400 naming
+it. ``format`` (``"json"`` or a JSON schema) becomes the request's grammar
+(../structured.py). ``null`` counts as absent and ``stream`` defaults to true, as
 in Ollama. Chat messages become the OpenAI-style messages the frontend renders
 (``thinking`` as ``reasoning_content``, ``tool_name`` as ``name``, tool-call
 arguments kept as objects); the sampling options go through the OpenAI
@@ -37,6 +38,7 @@ from ..openai.schema import (
     _tools,
     _unsupported,
 )
+from ..structured import ollama_format
 
 _COMMON = frozenset({"model", "format", "options", "stream", "keep_alive", "think", "logprobs", "top_logprobs"})
 CHAT_FIELDS = _COMMON | {"messages", "tools"}
@@ -200,11 +202,7 @@ def _common(body: Mapping[str, Any]) -> dict[str, Any]:
     if model is None or model == "":
         raise _invalid("model is required", "model")
     _name(model, "model")
-    response_format = body.get("format")
-    if response_format not in (None, ""):
-        if not isinstance(response_format, (str, dict)):
-            raise _invalid("'format' must be \"json\" or a JSON schema", "format")
-        raise _unsupported("structured output ('format') is not served yet", "format")
+    grammar = ollama_format(body.get("format"))
     keep_alive = body.get("keep_alive")
     if keep_alive is not None:  # accepted: the model stays loaded while the server runs
         if isinstance(keep_alive, str):
@@ -221,7 +219,7 @@ def _common(body: Mapping[str, Any]) -> dict[str, Any]:
     if top_logprobs and not logprobs:
         raise _invalid("'top_logprobs' requires 'logprobs' = true", "top_logprobs")
     return {"model": model, "think": think, "stream": _bool(body, "stream", True), "logprobs": logprobs,
-            "top_logprobs": top_logprobs or 0}
+            "top_logprobs": top_logprobs or 0, "grammar": grammar}
 
 
 def _chat_options(think: bool | str | None) -> dict[str, Any]:
@@ -237,7 +235,8 @@ def _chat_options(think: bool | str | None) -> dict[str, Any]:
 def _request(body: Mapping[str, Any], common: dict[str, Any], defaults: GenerationDefaults, context_len: int,
              **fields: Any) -> OllamaRequest:
     options = _options(body.get("options"), defaults, context_len)
-    sampling = dict(options.sampling, logprobs=common["logprobs"], top_logprobs=common["top_logprobs"])
+    sampling = dict(options.sampling, logprobs=common["logprobs"], top_logprobs=common["top_logprobs"],
+                    grammar=common["grammar"])
     return OllamaRequest(model=common["model"], think=common["think"], stream=common["stream"], sampling=sampling,
                          max_tokens=options.max_tokens, default_max_tokens=options.default_max_tokens,
                          num_ctx=options.num_ctx, **fields)

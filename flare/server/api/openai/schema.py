@@ -1,9 +1,10 @@
 """Validation of OpenAI chat and completion request bodies.
 
 Every accepted field is listed here; any other field, or an accepted field at
-a value we cannot honour (``n`` > 1, ``response_format`` json, a non-empty
-``logit_bias``), is a 400 naming it, never silently ignored. ``null`` counts
-as absent, as in the OpenAI API. The result is a :class:`GenerationRequest`
+a value we cannot honour (``n`` > 1, a non-empty ``logit_bias``), is a 400
+naming it, never silently ignored. ``response_format`` and vLLM's
+``structured_outputs`` become the request's grammar (../structured.py).
+``null`` counts as absent, as in the OpenAI API. The result is a :class:`GenerationRequest`
 whose sampling settings become :class:`SamplingParams` once the prompt
 length is known. What a request leaves out comes from the served model's
 :class:`GenerationDefaults`, else OpenAI's defaults (``max_tokens``: the model's
@@ -21,18 +22,19 @@ from ....errors import AdmissionError
 from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import decode_json, shorten
+from ..structured import openai_grammar
 
 # Fields every generation route accepts, beside its own.
 _COMMON = frozenset({
     "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "max_tokens", "n", "logprobs", "ignore_eos",
-    "stream", "stream_options", "user", "logit_bias",
+    "stream", "stream_options", "user", "logit_bias", "response_format", "structured_outputs",
 })
 # What a chat prompt is made of (chat completions and /tokenize share them).
 CHAT_PROMPT_FIELDS = frozenset({"messages", "tools", "documents", "chat_template", "chat_template_kwargs",
                                 "add_generation_prompt", "continue_final_message"})
 CHAT_FIELDS = _COMMON | CHAT_PROMPT_FIELDS | {"tool_choice", "parallel_tool_calls", "max_completion_tokens",
-                                              "top_logprobs", "response_format", "store"}
+                                              "top_logprobs", "store"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -252,9 +254,6 @@ def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
         raise _unsupported("only tool_choice 'auto' and 'none' are supported", "tool_choice")
     if body.get("parallel_tool_calls") is not None:
         _bool(body, "parallel_tool_calls")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise _unsupported("only response_format {'type': 'text'} is supported", "response_format")
     if body.get("store"):
         raise _unsupported("'store' is not supported", "store")
     logprobs = _bool(body, "logprobs")
@@ -266,7 +265,7 @@ def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
         max_tokens = _int(body, "max_tokens", 1)
     stream = _bool(body, "stream")
     sampling = _sampling(body, defaults)
-    sampling.update(logprobs=logprobs, top_logprobs=top_logprobs or 0)
+    sampling.update(logprobs=logprobs, top_logprobs=top_logprobs or 0, grammar=openai_grammar(body))
     return GenerationRequest(is_chat=True, model=_model(body), messages=normalized, tools=tools,
                              chat_options=options, chat_template=prompt.chat_template, sampling=sampling,
                              max_tokens=max_tokens, default_max_tokens=defaults.max_new_tokens, stream=stream,
@@ -296,7 +295,7 @@ def parse_completion(body: Any, defaults: GenerationDefaults) -> GenerationReque
     logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     stream = _bool(body, "stream")
     sampling = _sampling(body, defaults)
-    sampling.update(logprobs=logprobs is not None, top_logprobs=logprobs or 0)
+    sampling.update(logprobs=logprobs is not None, top_logprobs=logprobs or 0, grammar=openai_grammar(body))
     return GenerationRequest(is_chat=False, model=_model(body), prompt=prompt, sampling=sampling,
                              max_tokens=_int(body, "max_tokens", 1), default_max_tokens=defaults.max_new_tokens,
                              stream=stream, include_usage=_stream_options(body, stream))

@@ -2,10 +2,11 @@
 
 Every field ``openai``'s ``responses.create`` can send is listed here: it is
 honoured, or refused with a 400 naming it when it asks for something we do not
-do (built-in tools, structured output, background runs, conversations). ``null``
-counts as absent. Sampling goes through the OpenAI family's validators and the
-served model's generation defaults (openai/schema.py), so a Responses request
-samples exactly as the chat request it converts to would.
+do (built-in tools, background runs, conversations); ``text.format`` becomes
+the request's grammar (../structured.py). ``null`` counts as absent. Sampling
+goes through the OpenAI family's validators and the served model's generation
+defaults (openai/schema.py), so a Responses request samples exactly as the chat
+request it converts to would.
 
 ``input`` becomes OpenAI chat messages (items.py), the form
 ``engine.prepare_chat`` takes; ``instructions`` become a system message in
@@ -18,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, SamplingParams
+from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, GrammarRequest, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import shorten
 from ..openai.schema import _bool, _check_fields, _int, _invalid, _name, _sampling, _unsupported
+from ..structured import text_format
 from .items import input_messages
 
 # What this route honours.
@@ -118,7 +120,8 @@ def parse_responses(body: Any, defaults: GenerationDefaults) -> ResponsesRequest
     logprobs = _include(body.get("include"))
     top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     sampling = _sampling({"temperature": body.get("temperature"), "top_p": body.get("top_p")}, defaults)
-    sampling.update(logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs)
+    grammar, text = _text(body.get("text"))
+    sampling.update(logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs, grammar=grammar)
     options: dict[str, Any] = {"add_generation_prompt": True}
     reasoning = _reasoning(body.get("reasoning"))
     if reasoning.get("effort") is not None:
@@ -129,7 +132,7 @@ def parse_responses(body: Any, defaults: GenerationDefaults) -> ResponsesRequest
         "tool_choice": tool_choice or "auto",
         "parallel_tool_calls": _bool(body, "parallel_tool_calls", True),
         "max_tool_calls": _int(body, "max_tool_calls", 1),  # bounds built-in tool calls: there are none
-        "text": _text(body.get("text")),
+        "text": text,
         "reasoning": reasoning,
         "metadata": _metadata(body.get("metadata")),
         "top_logprobs": top_logprobs,
@@ -211,22 +214,22 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]
     return chat, [dict(tool) for tool in tools]  # [] stays []: templates that test `tools is not none` see it
 
 
-def _text(text: Any) -> dict[str, Any]:
+def _text(text: Any) -> tuple[GrammarRequest | None, dict[str, Any]]:
+    """The grammar ``text.format`` asks for, and ``text`` as the response reports it."""
     if text is None:
-        return {"format": {"type": "text"}}
+        return None, {"format": {"type": "text"}}
     if not isinstance(text, dict):
         raise _invalid("'text' must be an object", "text")
-    unknown = sorted(key for key in text if key not in ("format", "verbosity"))
+    unknown = [shorten(key, 64) for key in sorted(text) if key not in ("format", "verbosity")]
     if unknown:
-        raise _unsupported(f"unsupported text option(s): {', '.join(unknown)}", f"text.{unknown[0]}")
+        raise _unsupported(f"unsupported text option(s): {', '.join(unknown[:8])}", f"text.{unknown[0]}")
     if text.get("verbosity") is not None:
         raise _unsupported("'text.verbosity' is not supported", "text.verbosity")
     fmt = text.get("format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise _unsupported(f"text.format '{shorten(kind, 64)}' is not supported: structured output is not served "
-                           f"yet, only {{'type': 'text'}}", "text.format")
-    return {"format": {"type": "text"}}
+    grammar = text_format(fmt)
+    if fmt is None:
+        return None, {"format": {"type": "text"}}
+    return grammar, {"format": {key: value for key, value in fmt.items() if value is not None}}
 
 
 def _reasoning(reasoning: Any) -> dict[str, Any]:
