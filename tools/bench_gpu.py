@@ -289,7 +289,7 @@ def _decode_rounds(model, sched, contract, rng, observed: dict[int, list[int]]) 
             f"{batch / (wall_ms / 1e3):.0f} tok/s")
 
 
-def structured_runs(model) -> None:
+def structured_runs(model, out: Path | None = None) -> None:
     """Decode with every row grammar-constrained, beside the unconstrained figures of
     decode_runs (same prompts' shape, same lengths, same run)."""
     from bench_grammar import SCHEMAS
@@ -393,6 +393,8 @@ def structured_runs(model) -> None:
     for owner, name in patched:
         setattr(owner, name, timed(name, getattr(owner, name)))
     rng = np.random.default_rng(5)
+    from flare.frontend.grammar import matcher as matcher_module
+    default_executor = matcher_module._parallel()
     try:
         for batch in (1, 64):
             phases.clear()
@@ -401,14 +403,48 @@ def structured_runs(model) -> None:
                                                         for name, v in sorted(phases.items())}
             log(f"structured batch {batch} host phases (median us per call): "
                 f"{RESULTS[f'structured_bs{batch}_host_us']}")
+        # the grammar engine's thread pool size against batch 64's host turn
+        import llguidance
+        for threads in (2, 4, 8):
+            matcher_module._executor = llguidance.LLExecutor(num_threads=threads)
+            phases.clear()
+            _structured_round(model, 64, schema, rng, observed, fill_s, label=f"threads{threads}")
+            RESULTS[f"structured_bs64_threads{threads}_host_us"] = {
+                name: round(float(np.median(v)) * 1e6, 1) for name, v in sorted(phases.items())}
+            log(f"  {threads} grammar threads: {RESULTS[f'structured_bs64_threads{threads}_host_us']}")
+        matcher_module._executor = default_executor
+        if out is not None:  # where a grammar step's host turn goes (cProfile: slower, proportions only)
+            import cProfile
+            import io
+            import pstats
+
+            profiler = cProfile.Profile()
+            complete = runtime._complete
+
+            def profiled(*args, **kwargs):
+                profiler.enable()
+                try:
+                    return complete(*args, **kwargs)
+                finally:
+                    profiler.disable()
+
+            runtime._complete = profiled
+            try:
+                _structured_round(model, 64, schema, rng, observed, fill_s, label="profiled")
+            finally:
+                del runtime._complete
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+            (out / "profile_structured_b64.txt").write_text(text.getvalue())
     finally:
+        matcher_module._executor = default_executor
         runtime_module.fill_masks = original_fill
         del sched.timing.observe
         for owner, name in patched:
             delattr(owner, name)
 
 
-def _structured_round(model, batch, schema, rng, observed, fill_s) -> None:
+def _structured_round(model, batch, schema, rng, observed, fill_s, label: str = "") -> None:
     from flare.contract import GraphKind
     from flare.request import FinishEvent, GrammarRequest, PreparedPrompt, SamplingParams, TokenEvent
 
@@ -452,6 +488,12 @@ def _structured_round(model, batch, schema, rng, observed, fill_s) -> None:
     tokens = [len(ts) for ts in times.values()]
     by_grammar = sum(1 for _, _, reason in finishes if reason == "stop")
     free_wall = RESULTS.get(f"bs{batch}_wall_ms_per_step")
+    if label:  # a variant: its wall time and ratio only
+        RESULTS[f"structured_bs{batch}_{label}_wall_ms_per_token"] = round(wall_ms, 3)
+        RESULTS[f"structured_bs{batch}_{label}_vs_free_wall"] = round(wall_ms / free_wall, 3) if free_wall else None
+        log(f"structured batch {batch} ({label}): {wall_ms:.3f} ms/token wall -> "
+            f"{RESULTS[f'structured_bs{batch}_{label}_vs_free_wall']}x")
+        return
     RESULTS[f"structured_bs{batch}_wall_ms_per_token"] = round(wall_ms, 3)
     RESULTS[f"structured_bs{batch}_ms_per_step"] = round(float(np.median(steps)), 3) if steps.size else None
     RESULTS[f"structured_bs{batch}_vs_free_wall"] = round(wall_ms / free_wall, 3) if free_wall else None
@@ -567,7 +609,7 @@ def main() -> int:
         decode_runs(model)
         save_results(args.out)
         if not args.skip_structured:
-            structured_runs(model)
+            structured_runs(model, args.out)
             save_results(args.out)
         if not args.skip_serving:
             serving(model, args)

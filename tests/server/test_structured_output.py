@@ -40,6 +40,15 @@ def served(request):
     server.stop()
 
 
+def _whole_json(served, reason: str, text: str) -> bool:
+    """Whether an unbounded-JSON reply (json_object) completed; the random-weight GPU core
+    may not close a string within the budget, and then its text is a cut-off object."""
+    if reason == "stop":
+        return True
+    assert served.kind == "core" and reason == "length" and text.startswith("{"), (reason, text)
+    return False
+
+
 def _openai(served) -> openai.OpenAI:
     return openai.OpenAI(base_url=served.base_url + "/v1", api_key=served.api_key or "unused", max_retries=0)
 
@@ -56,8 +65,8 @@ def test_openai_json_object_and_json_schema(served):
     client = _openai(served)
     reply = client.chat.completions.create(model=served.model, messages=ASK, response_format={"type": "json_object"},
                                            temperature=0, max_tokens=64)
-    assert reply.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    if _whole_json(served, reply.choices[0].finish_reason, reply.choices[0].message.content):
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
     reply = client.chat.completions.create(
         model=served.model, messages=ASK, temperature=0, max_tokens=64,
         response_format={"type": "json_schema", "json_schema": {"name": "cat", "schema": CAT, "strict": True}})
@@ -92,9 +101,10 @@ def test_structured_outputs_regex_and_choice(served):
     completion = client.completions.create(model=served.model, prompt="The answer is", max_tokens=10,
                                            temperature=0, extra_body={"structured_outputs": {"choice": ["A", "B"]}})
     assert completion.choices[0].text in ("A", "B")
-    completion = client.completions.create(model=served.model, prompt="A cat:", max_tokens=64, temperature=0,
-                                           extra_body={"response_format": {"type": "json_object"}})
-    assert isinstance(json.loads(completion.choices[0].text), dict)
+    completion = client.completions.create(model=served.model, prompt=ASK[0]["content"], max_tokens=64,
+                                           temperature=0, extra_body={"response_format": {"type": "json_object"}})
+    if _whole_json(served, completion.choices[0].finish_reason, completion.choices[0].text):
+        assert isinstance(json.loads(completion.choices[0].text), dict)
 
 
 def test_responses_text_format_and_parse(served):
@@ -126,7 +136,8 @@ def test_ollama_format_json_and_schema(served):
     Cat.model_validate_json(reply.message.content)
     reply = client.generate(model=served.model, prompt=ASK[0]["content"], format="json",
                             options={"temperature": 0, "num_predict": 64})
-    assert reply.done_reason == "stop" and isinstance(json.loads(reply.response), dict)
+    if _whole_json(served, reply.done_reason, reply.response):
+        assert isinstance(json.loads(reply.response), dict)
 
 
 def test_a_constraint_that_cannot_be_enforced_is_a_400_in_each_family(served):
