@@ -279,6 +279,7 @@ def _decode_rounds(model, sched, contract, rng, observed: dict[int, list[int]]) 
         last9_ms = sched.timing.estimate_ns(graph.index) / 1e6
         gaps = [b - a for ts in times.values() for a, b in zip(ts[len(ts) // 4:], ts[len(ts) // 4 + 1:])]
         wall_ms = float(np.median(gaps)) * 1e3
+        RESULTS[f"bs{batch}_steady_wall_ms_per_step"] = round(steady_gap_ms(times), 3)
         RESULTS[f"bs{batch}_ms_per_step"] = round(float(p50), 3)
         RESULTS[f"bs{batch}_round_ms_p10_p50_p90"] = [round(float(v), 3) for v in (p10, p50, p90)]
         RESULTS[f"bs{batch}_ms_per_step_last9"] = round(last9_ms, 3)
@@ -488,6 +489,13 @@ def _structured_round(model, batch, schema, rng, observed, fill_s, label: str = 
     tokens = [len(ts) for ts in times.values()]
     by_grammar = sum(1 for _, _, reason in finishes if reason == "stop")
     free_wall = RESULTS.get(f"bs{batch}_wall_ms_per_step")
+    steady_ms = steady_gap_ms(times)
+    free_steady = RESULTS.get(f"bs{batch}_steady_wall_ms_per_step")
+    key = f"structured_bs{batch}{'_' + label if label else ''}"
+    RESULTS[f"{key}_steady_wall_ms_per_token"] = round(steady_ms, 3)
+    RESULTS[f"{key}_steady_vs_free"] = round(steady_ms / free_steady, 3) if free_steady else None
+    log(f"structured batch {batch}{' (' + label + ')' if label else ''}: steady {steady_ms:.3f} ms/token "
+        f"(free steady {free_steady}) -> {RESULTS[f'{key}_steady_vs_free']}x")
     if label:  # a variant: its wall time and ratio only
         RESULTS[f"structured_bs{batch}_{label}_wall_ms_per_token"] = round(wall_ms, 3)
         RESULTS[f"structured_bs{batch}_{label}_vs_free_wall"] = round(wall_ms / free_wall, 3) if free_wall else None
@@ -520,6 +528,17 @@ def _structured_round(model, batch, schema, rng, observed, fill_s, label: str = 
         f"{RESULTS[f'structured_bs{batch}_host_mask_ms_per_step']} ms/step, upload {upload_kb:.1f} KiB/step "
         f"({RESULTS[f'structured_bs{batch}_upload_copy_us']} us), {np.mean(tokens):.1f} tokens/request, "
         f"{by_grammar} of {batch} ended by the grammar")
+
+
+def steady_gap_ms(times: dict[int, list[float]]) -> float:
+    """Median token gap while every request of a round is decoding: after the last one's
+    first token, before the first one's last token (admission and drain excluded)."""
+    start = max(ts[0] for ts in times.values())
+    end = min(ts[-1] for ts in times.values())
+    gaps = [b - a for ts in times.values() for a, b in zip(ts, ts[1:]) if a >= start and b <= end]
+    if not gaps:  # batch 1, or no overlap: the round's second half
+        gaps = [b - a for ts in times.values() for a, b in zip(ts[len(ts) // 2:], ts[len(ts) // 2 + 1:])]
+    return float(np.median(gaps)) * 1e3
 
 
 def serving(model, args) -> None:
@@ -623,7 +642,8 @@ def main() -> int:
             "hf_bf16_vs_fp32_agreement", "serving_output_tok_s",
             "serving_ttft_p50_ms", "serving_ttft_p99_ms", "serving_itl_p50_ms", "serving_itl_p99_ms",
             "gpu_busy_fraction", "gpu_busy_fraction_whole_run", "bs1_kernels_per_step", "bs1_kernel_time_ms",
-            "structured_bs1_vs_free_wall", "structured_bs64_vs_free_wall", "grammar_compile_ms_median_p90_max",
+            "structured_bs1_vs_free_wall", "structured_bs64_vs_free_wall", "structured_bs1_steady_vs_free",
+            "structured_bs64_steady_vs_free", "grammar_compile_ms_median_p90_max",
             "grammar_cache_hit_ms_median"]
     for k in keys:
         print(f"{k:>28}: {RESULTS.get(k)}")

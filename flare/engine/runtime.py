@@ -133,6 +133,7 @@ class ModelRuntime:
         self._cancels: deque[_Consumer] = deque()
         self._consumers: dict[int, _Consumer] = {}  # rid -> consumer, admitted to the scheduler
         self._constrained: dict[int, _Consumer] = {}  # rid -> consumer with a grammar (structured output)
+        self._grammar_waits = False  # a grammar plan was dropped: the window must drain first
         self._accepted = 0  # requests accepted, not yet terminal nor cancelled (model admission capacity)
         self._closing = False
         self._shed: Error | None = None  # end queued requests with this error (model thread)
@@ -301,15 +302,21 @@ class ModelRuntime:
         ex, sched = self.executor, self.scheduler
         submitted = False
         while not closing and ex.can_submit():
+            if self._grammar_waits and ex.outstanding:
+                break  # a grammar step waits for the window to drain: nothing more goes in first
+            self._grammar_waits = False
             plan = sched.plan()
             if plan is None:
                 break
             constrained = self._constrained_rows(plan) if self._constrained else ()
             if constrained:
                 if ex.outstanding:
-                    break  # a grammar step goes into an empty window: let it drain (the plan is dropped)
-                for slot, consumer in constrained:
-                    self.inputs.set_grammar_mask(slot, consumer.grammar.mask)
+                    # A grammar step goes into an empty window: drop the plan, plan again once
+                    # the window drained (planning meanwhile would only be dropped again).
+                    self._grammar_waits = True
+                    break
+                self.inputs.set_grammar_masks([slot for slot, _ in constrained],
+                                              [consumer.grammar.mask for _, consumer in constrained])
             step = sched.commit(plan, ex.next_fence)
             ex.submit(plan.graph_index, pack_step(self.inputs, step), grammar_constrained=bool(constrained))
             self.counters.grammar_steps += bool(constrained)

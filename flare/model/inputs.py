@@ -96,9 +96,17 @@ class Inputs:
             physical = np.asarray(logical_pages, dtype=np.int64) + 1
             self._write("slot.page_table", (slot, slice(first, first + len(physical))), physical)
 
-    def set_grammar_mask(self, slot: int, mask: np.ndarray) -> None:
-        """The constrained slot's allowed next tokens (uploaded only when they changed)."""
-        self._write("slot.grammar_mask", slot, mask)
+    def set_grammar_masks(self, slots: Sequence[int], masks: Sequence[np.ndarray]) -> None:
+        """Constrained slots' allowed next tokens; only the rows that changed are uploaded
+        (one vectorized comparison for the batch: inside a JSON string most rows repeat)."""
+        if not slots:
+            return
+        mirror = self.mirror["slot.grammar_mask"]
+        rows = np.stack(masks)
+        index = np.asarray(slots, dtype=np.int64)
+        changed = np.flatnonzero((mirror[index] != rows).any(axis=1))
+        for i in changed.tolist():
+            self._write("slot.grammar_mask", int(index[i]), rows[i])
 
     # -- step inputs -----------------------------------------------------------
 
