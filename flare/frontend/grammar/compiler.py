@@ -56,8 +56,13 @@ class Grammar:
         self._words = words
 
     def matcher(self) -> Matcher:
-        """A fresh matcher at the start, its first mask already computed."""
-        return Matcher(self._template.deep_copy(), self._words)
+        """A fresh matcher at the start, its first mask already computed; GrammarError when
+        even that exceeds the engine's limits."""
+        matcher = Matcher(self._template.deep_copy(), self._words)
+        failure = matcher.failure
+        if failure is not None:
+            raise failure
+        return matcher
 
 
 class GrammarCompiler:

@@ -9,12 +9,17 @@ device row: bit ``t % 32`` of word ``t // 32`` set means token ``t`` is allowed.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Sequence
 
 import numpy as np
 
 from ...errors import GrammarError
+
+MAX_ERROR_CHARS = 300  # of the engine's message (its first line; the rest dumps the grammar)
+TOO_COMPLEX = frozenset({"LexerTooComplex", "ParserTooComplex"})
+NO_EXTENSION = frozenset({"NoExtension", "NoExtensionBias"})  # no token can continue the output
 
 _executor = None
 _executor_lock = threading.Lock()
@@ -57,14 +62,29 @@ class Matcher:
 
     @property
     def failure(self) -> GrammarError | None:
-        """Why the matcher stopped working (it stays failed), or None."""
+        """Why the matcher stopped working (it stays failed), or None. A grammar that grew
+        beyond the engine's limits (its lexer or parser too complex) or that no token can
+        continue is the request's doing, a 400; anything else is a fault, a 500."""
         if not self._matcher.is_error():
             return None
-        return GrammarError(f"structured output failed: {self._matcher.get_error()}", status=500,
-                            code="grammar_failed")
+        text = self._matcher.get_error().strip()
+        first = (text.splitlines() or [""])[0][:MAX_ERROR_CHARS]
+        # The reason: the error's own "Stop: <reason>" line, or (at the first mask) its text.
+        stated = re.search(r"^Stop: (\w+)", text, re.MULTILINE)
+        reason = stated.group(1) if stated else first if first in TOO_COMPLEX | NO_EXTENSION \
+            else self._matcher.stop_reason()
+        if reason in TOO_COMPLEX:
+            return GrammarError(f"the constraint became too complex to enforce: {first}", status=400,
+                                code="grammar_too_complex")
+        if reason in NO_EXTENSION:
+            return GrammarError("the constraint admits no (further) output in this model's vocabulary", status=400,
+                                code="grammar_unsatisfiable")
+        return GrammarError(f"structured output failed: {first}", status=500, code="grammar_failed")
 
     def _fill_one(self) -> None:
-        self._matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        # Through the engine's executor, which releases the GIL (the matcher's own method
+        # holds it, and a first mask can take half a second to build its lexer).
+        _parallel().unsafe_compute_mask_ptr([(self._matcher, 0)], self.mask.ctypes.data, self.mask.nbytes, 1)
 
 
 def advance_all(steps: Sequence[tuple[Matcher, Sequence[int]]]) -> None:
