@@ -48,11 +48,12 @@ def _cases(model: str) -> list[tuple[str, str, dict]]:
         "type": "json_schema", "json_schema": {"name": "h", "schema": schema}})) for schema in schemas]
     cases += [("chat", "/v1/chat/completions", _chat(model, structured_outputs={"regex": r})) for r in regexes]
     cases += [("chat", "/v1/chat/completions", _chat(model, structured_outputs={"grammar": g})) for g in grammars]
-    cases += [("chat", "/v1/chat/completions", _chat(model, structured_outputs={"choice": ["\u0000", "a\u202eb", "x" * 60000]})),
+    odd_choices = ["\u0000", "a\u202eb", "x" * 60000]
+    cases += [("chat", "/v1/chat/completions", _chat(model, structured_outputs={"choice": odd_choices})),
               ("ollama_chat", "/api/chat", {"model": model, "messages": HI, "stream": False, "format": schemas[1],
                                             "options": {"num_predict": 2}}),
-              ("messages", "/v1/messages", {"model": model, "max_tokens": 2, "messages": HI,
-                                            "output_config": {"format": {"type": "json_schema", "schema": schemas[0]}}}),
+              ("messages", "/v1/messages", {"model": model, "max_tokens": 2, "messages": HI, "output_config": {
+                  "format": {"type": "json_schema", "schema": schemas[0]}}}),
               ("responses", "/v1/responses", {"model": model, "input": "Hi", "max_output_tokens": 2, "store": False,
                                               "text": {"format": {"type": "json_schema", "name": "h",
                                                                   "schema": schemas[3]}}})]
