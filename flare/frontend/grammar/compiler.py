@@ -4,8 +4,8 @@ Compilation runs on a frontend worker (llguidance drops the GIL while it builds 
 grammar). Compiled grammars are kept in a bounded LRU keyed by the SHA-256 of the
 constraint and the tokenizer's fingerprint; a hit hands out a copy of the cached
 matcher, which costs under a microsecond. The llguidance tokenizer (its token tries,
-a few hundred milliseconds and 45-120 MiB to build) is made once, on first use or by
-:meth:`GrammarCompiler.warm`.
+a few hundred milliseconds and 45-120 MiB to build, holding the GIL) is made once, on
+first use or by :meth:`GrammarCompiler.warm`, which the server calls before it listens.
 
 JSON grammars default to json.dumps spacing (``", "`` and ``": "``, no other
 whitespace), so a model cannot wander into unbounded whitespace; a schema's own
@@ -86,7 +86,7 @@ class GrammarCompiler:
     # -- tokenizer ---------------------------------------------------------------
 
     def warm(self) -> None:
-        """Build the llguidance tokenizer now (a startup thread calls this)."""
+        """Build the llguidance tokenizer now (the server does, before it listens)."""
         self._llg_tokenizer()
 
     def _llg_tokenizer(self):

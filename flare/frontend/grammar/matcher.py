@@ -21,6 +21,12 @@ MAX_ERROR_CHARS = 300  # of the engine's message (its first line; the rest dumps
 TOO_COMPLEX = frozenset({"LexerTooComplex", "ParserTooComplex"})
 NO_EXTENSION = frozenset({"NoExtension", "NoExtensionBias"})  # no token can continue the output
 
+# The engine's worker threads. Two served batch 64 best on the H200 host (tools/bench_gpu.py,
+# 2026-12-01: steady constrained decode 1.38x the free step time with 2 threads, 1.48x with 4,
+# 1.53x with 8, 1.44x with llguidance's default of 12): more threads only spin beside the
+# model thread, and on a small machine they take the event loop's core.
+EXECUTOR_THREADS = 2
+
 _executor = None
 _executor_lock = threading.Lock()
 
@@ -31,7 +37,7 @@ def _parallel():
         if _executor is None:
             import llguidance
 
-            _executor = llguidance.LLExecutor()
+            _executor = llguidance.LLExecutor(num_threads=EXECUTOR_THREADS)
         return _executor
 
 
@@ -88,16 +94,14 @@ class Matcher:
 
 
 def advance_all(steps: Sequence[tuple[Matcher, Sequence[int]]]) -> None:
-    """Feed each matcher its tokens (a decode step's single tokens in parallel); a matcher
-    that refuses one reports it through :attr:`Matcher.failure`."""
-    singles = [(m._matcher, tokens[0]) for m, tokens in steps if len(tokens) == 1]
-    if len(singles) > 1:
-        _parallel().consume_token_par(singles)
-    else:
-        singles = ()
-    for m, tokens in steps:
-        if not singles or len(tokens) != 1:
-            m._matcher.consume_tokens(list(tokens))
+    """Feed each matcher its tokens (in parallel across matchers); a matcher that refuses
+    one reports it through :attr:`Matcher.failure`."""
+    # The executor releases the GIL (a token can make the lexer build states for a while);
+    # a step of several tokens per request (none today) goes token by token.
+    pending = [(m, list(tokens)) for m, tokens in steps]
+    while pending:
+        _parallel().consume_token_par([(m._matcher, tokens[0]) for m, tokens in pending])
+        pending = [(m, tokens[1:]) for m, tokens in pending if len(tokens) > 1 and not m._matcher.is_error()]
 
 
 def fill_masks(matchers: Sequence[Matcher]) -> None:
