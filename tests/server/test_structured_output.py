@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import socket
 import time
+from pathlib import Path
 
 import anthropic
 import jsonschema
@@ -191,3 +193,17 @@ def test_a_client_that_leaves_a_constrained_stream_frees_its_slot(served):
         "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "schema": CAT}}})
     assert status == 200
     jsonschema.validate(json.loads(reply["choices"][0]["message"]["content"]), CAT)
+
+
+def test_the_readme_structured_output_example(served):
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Structured output", 1)[1].split("\n## ", 1)[0]
+    argv = shlex.split(re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " "))
+    body = json.loads(argv[argv.index("-d") + 1])
+    assert argv[argv.index("curl") + 2].endswith("/v1/chat/completions") and body["model"] == "smollm2"
+    status, reply = post_json(served, "/v1/chat/completions", {**body, "model": served.model, "max_tokens": 64})
+    assert status == 200
+    choice = reply["choices"][0]
+    if choice["finish_reason"] == "stop" or served.kind == "demo":
+        jsonschema.validate(json.loads(choice["message"]["content"]),
+                            body["response_format"]["json_schema"]["schema"])
