@@ -131,8 +131,11 @@ class NativeEngine:
         # before the server listens: building them holds the GIL, which would stall the event
         # loop if it happened while serving.
         started = time.perf_counter()
-        model.grammars.warm()
-        say(f"structured output: grammar engine ready in {time.perf_counter() - started:.1f} s")
+        unavailable = model.grammars.warm()
+        if unavailable is None:
+            say(f"structured output: grammar engine ready in {time.perf_counter() - started:.1f} s")
+        else:
+            log.warning("structured output is unavailable (constrained requests get a 400): %s", unavailable)
         return cls(model, frontend, config.served_names)
 
     @property

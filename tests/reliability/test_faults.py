@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from hostile import HealthProbe
-from server_harness import FLARE_SERVE, get_json, launch, metrics, start_subprocess, wait_idle
+from server_harness import FLARE_SERVE, get_json, launch, metrics, post_json, start_subprocess, wait_idle
 
 LONG = {"messages": [{"role": "user", "content": "Talk for a long while."}], "max_tokens": 400,
         "ignore_eos": True}
@@ -242,3 +242,19 @@ def test_megabyte_prompts_do_not_stall_the_event_loop(served):
     assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while a long prompt was tokenized"
     wait_idle(served)
     _log_clean(served)
+
+
+def test_a_tokenizer_the_grammar_engine_cannot_read_serves_without_structured_output(tiny_checkpoint, tmp_path):
+    # The tiny checkpoint's tokenizer.json has no decoder, which llguidance refuses: the server
+    # still starts, says why once, serves plain requests and answers constrained ones with a 400.
+    served = _serve_with_template(tiny_checkpoint, tmp_path, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    try:
+        hi = [{"role": "user", "content": "hello"}]
+        status, body = post_json(served, "/v1/chat/completions", {"messages": hi, "max_tokens": 2,
+                                                                 "response_format": {"type": "json_object"}})
+        assert status == 400 and "structured output is not available" in body["error"]["message"], body
+        assert post_json(served, "/v1/chat/completions", {"messages": hi, "max_tokens": 2})[0] == 200
+        assert "structured output is unavailable" in "".join(served.stderr_lines)
+        wait_idle(served)
+    finally:
+        served.stop()

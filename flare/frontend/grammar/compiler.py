@@ -77,6 +77,7 @@ class GrammarCompiler:
         self.words = mask_words(vocab_size)
         self.capacity = capacity
         self._tokenizer = None
+        self.unavailable: str | None = None  # why the engine cannot use this tokenizer, once known
         self._tokenizer_lock = threading.Lock()
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
@@ -85,18 +86,29 @@ class GrammarCompiler:
 
     # -- tokenizer ---------------------------------------------------------------
 
-    def warm(self) -> None:
-        """Build the llguidance tokenizer now (the server does, before it listens)."""
-        self._llg_tokenizer()
+    def warm(self) -> str | None:
+        """Build the llguidance tokenizer now (the server does, before it listens); why
+        structured output is unavailable for this tokenizer, or None."""
+        try:
+            self._llg_tokenizer()
+        except GrammarError:
+            pass
+        return self.unavailable
 
     def _llg_tokenizer(self):
         with self._tokenizer_lock:
-            if self._tokenizer is None:
+            if self._tokenizer is None and self.unavailable is None:
                 import llguidance
 
-                self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
-                                                         eos_token=list(self.eos_token_ids) or None)
+                try:
+                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                             eos_token=list(self.eos_token_ids) or None)
+                except Exception as exc:  # noqa: BLE001 - a tokenizer the engine cannot read: no structured output
+                    self.unavailable = f"{type(exc).__name__}: {exc}"
                 self._tokenizer_json = None  # the tries hold what is needed
+            if self._tokenizer is None:
+                raise GrammarError(f"structured output is not available for this model's tokenizer "
+                                   f"({self.unavailable})", code="unsupported")
             return self._tokenizer
 
     # -- compile -----------------------------------------------------------------
