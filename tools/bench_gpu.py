@@ -28,6 +28,7 @@ serving_ttft_p50_ms, serving_itl_p50_ms, gpu_busy_fraction (and more).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -207,14 +208,9 @@ def teacher_forced(model, seq: torch.Tensor) -> None:
         f"{RESULTS['hf_bf16_vs_fp32_agreement']}")
 
 
-def decode_runs(model) -> None:
-    sched = model.runtime.scheduler
-    contract = model.loaded.contract
-    spec = model.core.recipe
-    rng = np.random.default_rng(2)
-    # Every CUDA-event step time the scheduler observes, by graph: the reported figure is
-    # their median over the measured round (the scheduler's own estimate, the median of
-    # the last nine, is printed beside it).
+@contextlib.contextmanager
+def observed_steps(sched):
+    """Every CUDA-event step time the scheduler observes while inside, by graph index."""
     observed: dict[int, list[int]] = {}
 
     def observe(graph_index: int, duration_ns: int, now: float, _original=sched.timing.observe) -> None:
@@ -223,9 +219,20 @@ def decode_runs(model) -> None:
 
     sched.timing.observe = observe
     try:
-        _decode_rounds(model, sched, contract, rng, observed)
+        yield observed
     finally:
         del sched.timing.observe  # the class's method again
+
+
+def decode_runs(model) -> None:
+    sched = model.runtime.scheduler
+    contract = model.loaded.contract
+    spec = model.core.recipe
+    rng = np.random.default_rng(2)
+    # The reported figure is the median of the measured round's step times (the scheduler's
+    # own estimate, the median of the last nine, is printed beside it).
+    with observed_steps(sched) as observed:
+        _decode_rounds(model, sched, contract, rng, observed)
     # bytes a decode step must read: every weight but the embedding table (one row), plus the KV
     weight_bytes = (spec.num_params - spec.vocab_size * spec.hidden_size) * 2
     kv_bytes = 2 * spec.num_layers * 192 * spec.num_kv_heads * spec.head_dim * 2  # ~192 cached positions
@@ -301,7 +308,7 @@ def structured_runs(model, out: Path | None = None) -> None:
 
     core = model.core
     # compile: the 20 schemas on a fresh compiler (its token tries built first, timed apart)
-    compiler = GrammarCompiler(core.asset("tokenizer.json").read_text(encoding="utf-8"), "bench",
+    compiler = GrammarCompiler(core.asset("tokenizer.json"), "bench",
                                core.recipe.eos_token_ids, model.loaded.contract.vocab_size)
     t0 = time.perf_counter()
     compiler.warm()
@@ -369,13 +376,6 @@ def structured_runs(model, out: Path | None = None) -> None:
     runtime_module.fill_masks = timed_fill
     schema = SCHEMAS["send_email"]
     sched = model.runtime.scheduler
-    observed: dict[int, list[int]] = {}
-
-    def observe(graph_index: int, duration_ns: int, now: float, _original=sched.timing.observe) -> None:
-        observed.setdefault(graph_index, []).append(duration_ns)
-        _original(graph_index, duration_ns, now)
-
-    sched.timing.observe = observe
     # the model thread's host work per step, by phase (instance attributes shadow the methods)
     runtime = model.runtime
     phases: dict[str, list[float]] = {}
@@ -396,53 +396,55 @@ def structured_runs(model, out: Path | None = None) -> None:
     rng = np.random.default_rng(5)
     from flare.frontend.grammar import matcher as matcher_module
     default_executor = matcher_module._parallel()
-    try:
-        for batch in (1, 64):
-            phases.clear()
-            _structured_round(model, batch, schema, rng, observed, fill_s)
-            RESULTS[f"structured_bs{batch}_host_us"] = {name: round(float(np.median(v)) * 1e6, 1)
-                                                        for name, v in sorted(phases.items())}
-            log(f"structured batch {batch} host phases (median us per call): "
-                f"{RESULTS[f'structured_bs{batch}_host_us']}")
-        # the grammar engine's thread pool size against batch 64's host turn
-        import llguidance
-        for threads in (2, 4, 8):
-            matcher_module._executor = llguidance.LLExecutor(num_threads=threads)
-            phases.clear()
-            _structured_round(model, 64, schema, rng, observed, fill_s, label=f"threads{threads}")
-            RESULTS[f"structured_bs64_threads{threads}_host_us"] = {
-                name: round(float(np.median(v)) * 1e6, 1) for name, v in sorted(phases.items())}
-            log(f"  {threads} grammar threads: {RESULTS[f'structured_bs64_threads{threads}_host_us']}")
-        matcher_module._executor = default_executor
-        if out is not None:  # where a grammar step's host turn goes (cProfile: slower, proportions only)
-            import cProfile
-            import io
-            import pstats
 
-            profiler = cProfile.Profile()
-            complete = runtime._complete
+    def medians_us() -> dict[str, float]:
+        return {name: round(float(np.median(v)) * 1e6, 1) for name, v in sorted(phases.items())}
 
-            def profiled(*args, **kwargs):
-                profiler.enable()
+    with observed_steps(sched) as observed:
+        try:
+            for batch in (1, 64):
+                phases.clear()
+                _structured_round(model, batch, schema, rng, observed, fill_s)
+                RESULTS[f"structured_bs{batch}_host_us"] = medians_us()
+                log(f"structured batch {batch} host phases (median us per call): "
+                    f"{RESULTS[f'structured_bs{batch}_host_us']}")
+            # the grammar engine's thread pool size against batch 64's host turn
+            import llguidance
+            for threads in (2, 4, 8):
+                matcher_module._executor = llguidance.LLExecutor(num_threads=threads)
+                phases.clear()
+                _structured_round(model, 64, schema, rng, observed, fill_s, label=f"threads{threads}")
+                RESULTS[f"structured_bs64_threads{threads}_host_us"] = medians_us()
+                log(f"  {threads} grammar threads: {RESULTS[f'structured_bs64_threads{threads}_host_us']}")
+            matcher_module._executor = default_executor
+            if out is not None:  # where a grammar step's host turn goes (cProfile: slower, proportions only)
+                import cProfile
+                import io
+                import pstats
+
+                profiler = cProfile.Profile()
+                complete = runtime._complete
+
+                def profiled(*args, **kwargs):
+                    profiler.enable()
+                    try:
+                        return complete(*args, **kwargs)
+                    finally:
+                        profiler.disable()
+
+                runtime._complete = profiled
                 try:
-                    return complete(*args, **kwargs)
+                    _structured_round(model, 64, schema, rng, observed, fill_s, label="profiled")
                 finally:
-                    profiler.disable()
-
-            runtime._complete = profiled
-            try:
-                _structured_round(model, 64, schema, rng, observed, fill_s, label="profiled")
-            finally:
-                del runtime._complete
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
-            (out / "profile_structured_b64.txt").write_text(text.getvalue())
-    finally:
-        matcher_module._executor = default_executor
-        runtime_module.fill_masks = original_fill
-        del sched.timing.observe
-        for owner, name in patched:
-            delattr(owner, name)
+                    del runtime._complete
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+                (out / "profile_structured_b64.txt").write_text(text.getvalue())
+        finally:
+            matcher_module._executor = default_executor
+            runtime_module.fill_masks = original_fill
+            for owner, name in patched:
+                delattr(owner, name)
 
 
 def _structured_round(model, batch, schema, rng, observed, fill_s, label: str = "") -> None:

@@ -23,8 +23,8 @@ import numpy as np
 from ..config import EngineConfig
 from ..core.format import Core, load_core
 from ..errors import ExecutionError
-from ..frontend.grammar import GrammarCompiler
-from ..request import ErrorEvent, Event, FinishEvent, PreparedPrompt, SamplingParams
+from ..frontend.grammar import GrammarCompiler, Matcher
+from ..request import ErrorEvent, Event, FinishEvent, GrammarRequest, PreparedPrompt, SamplingParams
 from ..scheduler.scheduler import RequestScheduler
 
 Progress = Callable[[str], None]
@@ -45,9 +45,8 @@ class NativeModel:
         self.runtime = runtime
         self.tokenizer = tokenizer
         # Structured output over the core's tokenizer and the model's vocabulary (built on first use).
-        self.grammars = GrammarCompiler(core.asset("tokenizer.json").read_text(encoding="utf-8"),
-                                        core.assets["tokenizer.json"]["sha256"], core.recipe.eos_token_ids,
-                                        loaded.contract.vocab_size)
+        self.grammars = GrammarCompiler(core.asset("tokenizer.json"), core.assets["tokenizer.json"]["sha256"],
+                                        core.recipe.eos_token_ids, loaded.contract.vocab_size)
 
     @classmethod
     def load(cls, core: str | Path | Core, config: EngineConfig = EngineConfig(), *,
@@ -84,6 +83,10 @@ class NativeModel:
     def context_len(self) -> int:
         return self.loaded.contract.context
 
+    def prepare_grammar(self, request: GrammarRequest) -> Matcher:
+        """A request's constraint compiled (or from the cache) and started: its first mask computed."""
+        return self.grammars.compile(request).matcher()
+
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink, grammar=None):
         return self.runtime.submit(prompt, params, sink, grammar)
 
@@ -93,7 +96,7 @@ class NativeModel:
         compiled here."""
         if not isinstance(prompt, PreparedPrompt):
             prompt = PreparedPrompt(np.asarray(prompt, dtype=np.int32))
-        grammar = self.grammars.compile(params.grammar).matcher() if params.grammar is not None else None
+        grammar = self.prepare_grammar(params.grammar) if params.grammar is not None else None
         events: queue.Queue = queue.Queue()
         ticket = self.runtime.submit(prompt, params, events.put, grammar)
         try:

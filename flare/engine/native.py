@@ -170,7 +170,7 @@ class NativeEngine:
         return self.frontend.token_strings(token_ids)
 
     def prepare_grammar(self, request: GrammarRequest):
-        return self.model.grammars.compile(request).matcher()
+        return self.model.prepare_grammar(request)
 
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink, grammar=None):
         return self.model.submit(prompt, params, sink, grammar)

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from ...contract import mask_words
@@ -47,11 +48,9 @@ class GrammarStats:
 class Grammar:
     """A compiled constraint; :meth:`matcher` starts one request's walk through it."""
 
-    __slots__ = ("key", "kind", "_template", "_words")
+    __slots__ = ("_template", "_words")
 
-    def __init__(self, key: str, kind: str, template, words: int):
-        self.key = key
-        self.kind = kind
+    def __init__(self, template, words: int):
         self._template = template  # an llguidance LLMatcher at the grammar's start, never advanced
         self._words = words
 
@@ -68,9 +67,9 @@ class Grammar:
 class GrammarCompiler:
     """Compiles :class:`GrammarRequest` values for one tokenizer (thread-safe)."""
 
-    def __init__(self, tokenizer_json: str, tokenizer_sha256: str, eos_token_ids: Sequence[int], vocab_size: int,
+    def __init__(self, tokenizer_json: Path, tokenizer_sha256: str, eos_token_ids: Sequence[int], vocab_size: int,
                  capacity: int = CACHE_CAPACITY):
-        self._tokenizer_json = tokenizer_json
+        self._tokenizer_json = tokenizer_json  # read once, when the engine's tokenizer is built
         self.fingerprint = tokenizer_sha256
         self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
         self.vocab_size = vocab_size
@@ -101,11 +100,11 @@ class GrammarCompiler:
                 import llguidance
 
                 try:
-                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json.read_text(encoding="utf-8"),
+                                                             n_vocab=self.vocab_size,
                                                              eos_token=list(self.eos_token_ids) or None)
                 except Exception as exc:  # noqa: BLE001 - a tokenizer the engine cannot read: no structured output
                     self.unavailable = f"{type(exc).__name__}: {exc}"
-                self._tokenizer_json = None  # the tries hold what is needed
             if self._tokenizer is None:
                 raise GrammarError(f"structured output is not available for this model's tokenizer "
                                    f"({self.unavailable})", code="unsupported")
@@ -132,7 +131,7 @@ class GrammarCompiler:
                 return cached
         started = time.perf_counter()
         try:
-            grammar = Grammar(key, request.kind, self._build(request), self.words)
+            grammar = Grammar(self._build(request), self.words)
         except GrammarError:
             with self._lock:
                 self._errors += 1

@@ -1,9 +1,9 @@
 """Matcher: one constrained request's state in its grammar, and its next-token bitmask.
 
 The model thread owns every Matcher once the request is submitted: after each step it
-feeds the sampled tokens (:meth:`Matcher.advance`) and refills the masks of the rows that
-sample next (:func:`fill_masks`, which computes a batch of rows on llguidance's own
-threads with the GIL released). The sampling program reads ``mask`` from the slot's
+feeds the sampled tokens (:func:`advance_all`) and refills the masks of the rows that
+sample next (:func:`fill_masks`); both run a batch on llguidance's own threads with the
+GIL released. The sampling program reads ``mask`` from the slot's
 device row: bit ``t % 32`` of word ``t // 32`` set means token ``t`` is allowed.
 """
 
@@ -56,14 +56,10 @@ class Matcher:
         """The grammar is complete and admits no further token: the response ends here."""
         return self._matcher.is_stopped()
 
-    @property
-    def is_accepting(self) -> bool:
-        return self._matcher.is_accepting()
-
     def advance(self, token_ids: Sequence[int]) -> GrammarError | None:
-        """Consume tokens the model sampled under this grammar's masks; the error when the
-        engine refuses one (a token the mask did not allow reached it: an execution fault)."""
-        self._matcher.consume_tokens(list(token_ids))
+        """Consume tokens the model sampled under this grammar's masks (:func:`advance_all`
+        for one matcher); the error when the engine refuses one."""
+        advance_all([(self, token_ids)])
         return self.failure
 
     @property
@@ -107,10 +103,10 @@ def advance_all(steps: Sequence[tuple[Matcher, Sequence[int]]]) -> None:
 def fill_masks(matchers: Sequence[Matcher]) -> None:
     """Recompute each matcher's ``mask`` for its current state (a batch in parallel). A matcher
     that fails here reports it through :attr:`Matcher.failure`."""
-    if len(matchers) == 1:
-        matchers[0]._fill_one()
-        return
     if not matchers:
+        return
+    if len(matchers) == 1:  # straight into its own row, no copy
+        matchers[0]._fill_one()
         return
     words = matchers[0].mask.shape[0]
     rows = np.empty((len(matchers), words), dtype=np.int32)
