@@ -22,9 +22,10 @@ import json
 import re
 from typing import Any, Mapping
 
-from ...errors import AdmissionError
 from ...request import GrammarRequest
 from ..request_body import decode_json, shorten
+from .refusals import invalid as _invalid
+from .refusals import unsupported as _unsupported
 
 MAX_SCHEMA_BYTES = 64 * 1024  # a schema's compact JSON, UTF-8
 MAX_GRAMMAR_BYTES = 64 * 1024  # a regex or grammar text, UTF-8; also all choices together
@@ -37,14 +38,6 @@ CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 _OFF_OPTIONS = {"disable_any_whitespace": False, "disable_additional_properties": False,
                 "whitespace_pattern": None, "structural_tag": None}
 _IGNORED_OPTIONS = frozenset({"disable_fallback"})  # one backend, nothing to fall back to
-
-
-def _invalid(message: str, param: str) -> AdmissionError:
-    return AdmissionError(message, status=400, code="invalid_request_error", param=param)
-
-
-def _unsupported(message: str, param: str) -> AdmissionError:
-    return AdmissionError(message, status=400, code="unsupported_parameter", param=param)
 
 
 def _object(value: Any, param: str) -> dict[str, Any]:

@@ -18,10 +18,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ....errors import AdmissionError
 from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import decode_json, shorten
+from ..refusals import invalid as _invalid
+from ..refusals import unsupported as _unsupported
 from ..structured import openai_grammar
 
 # Fields every generation route accepts, beside its own.
@@ -69,14 +70,6 @@ class GenerationRequest:
                                         prompt_param="messages" if self.is_chat else "prompt",
                                         context_hint=context_hint, default=self.default_max_tokens)
         return SamplingParams(max_tokens=max_tokens, **self.sampling)
-
-
-def _invalid(message: str, param: str | None) -> AdmissionError:
-    return AdmissionError(message, status=400, code="invalid_request_error", param=param)
-
-
-def _unsupported(message: str, param: str) -> AdmissionError:
-    return AdmissionError(message, status=400, code="unsupported_parameter", param=param)
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
