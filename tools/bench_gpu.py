@@ -389,8 +389,9 @@ def structured_runs(model, out: Path | None = None) -> None:
                 phases.setdefault(name, []).append(time.perf_counter() - t0)
         return wrapper
 
-    patched = {(runtime, "_advance_grammars"), (runtime, "_publish"), (sched, "complete"), (sched, "plan"),
-               (sched, "commit"), (runtime.executor, "submit")}
+    patched = {(runtime, "_advance_grammars"), (runtime, "_release_held"), (runtime, "_publish"),
+               (sched, "complete"), (sched, "plan"), (sched, "commit"), (runtime.executor, "submit"),
+               (runtime.executor, "release")}
     for owner, name in patched:
         setattr(owner, name, timed(name, getattr(owner, name)))
     rng = np.random.default_rng(5)
@@ -462,6 +463,7 @@ def _structured_round(model, batch, schema, rng, observed, fill_s, label: str = 
         observed.clear()
         fill_s.clear()
         uploaded0, steps0 = runtime.inputs.uploaded_bytes, runtime.counters.grammar_steps
+        held0 = runtime.counters.grammar_held_steps
 
         def make_sink(i):
             def sink(event):
@@ -510,6 +512,8 @@ def _structured_round(model, batch, schema, rng, observed, fill_s, label: str = 
     RESULTS[f"structured_bs{batch}_host_mask_ms_per_step"] = round(float(np.median(fill_s)) * 1e3, 3) if fill_s \
         else None
     RESULTS[f"structured_bs{batch}_upload_kb_per_step"] = round(upload_kb, 1)
+    RESULTS[f"structured_bs{batch}_held_share"] = round((runtime.counters.grammar_held_steps - held0)
+                                                        / max(1, grammar_steps), 3)
     RESULTS[f"structured_bs{batch}_mean_tokens"] = round(float(np.mean(tokens)), 1)
     RESULTS[f"structured_bs{batch}_ended_by_grammar"] = by_grammar
     # the upload's own copy time: that many bytes, pinned host -> device, timed with events

@@ -8,11 +8,14 @@ Each turn of the model thread::
     -> retire terminals -> plan -> commit(next fence) -> pack inputs -> submit
 
 Structured output: a step that samples a constrained request carries that request's
-next-token bitmask, which depends on the token its previous step sampled, so it is
-submitted grammar-constrained: into an empty window, and nothing else is submitted
-until its completion is polled (spec: "a grammar submission requires an empty window and
-blocks further submissions until its completion is consumed"). Unconstrained rows ride
-in the same step. A grammar that reaches its end finishes the request (reason stop).
+next-token bitmask, which depends on the token its previous step sampled. When that step
+is still in flight, the new one is submitted grammar-constrained, i.e. held: the device
+runs its forward part while the previous step completes, the grammars take that step's
+tokens, and ``release`` uploads the masks so its sampling can run. Nothing else is
+submitted while a step is held, so each constrained request has one step in flight and
+the host's mask work overlaps the forward (a departure from the spec's empty-window
+rule, docs/architecture.md). Unconstrained rows ride in the same steps. A grammar that
+reaches its end finishes the request (reason stop).
 
 The thread never blocks on the network: events go to each request's sink,
 which the server forwards to its event loop. Publication is ordered per
@@ -88,6 +91,7 @@ class _Consumer:
     cached_tokens: int = 0
     first_token_at: float | None = None
     grammar: Matcher | None = None  # structured output: the request's place in its grammar
+    grammar_fence: int = 0  # the last submitted step that samples for it (its mask waits on that one)
 
 
 class RuntimeTicket:
@@ -112,7 +116,8 @@ class RuntimeCounters:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     device_busy_ns: int = 0  # summed measured durations of completed steps
-    grammar_steps: int = 0  # grammar-constrained submissions
+    grammar_steps: int = 0  # steps that sample for a constrained request
+    grammar_held_steps: int = 0  # of those, steps submitted before their masks were known
     launches: dict = field(default_factory=dict)
 
 
@@ -133,7 +138,7 @@ class ModelRuntime:
         self._cancels: deque[_Consumer] = deque()
         self._consumers: dict[int, _Consumer] = {}  # rid -> consumer, admitted to the scheduler
         self._constrained: dict[int, _Consumer] = {}  # rid -> consumer with a grammar (structured output)
-        self._grammar_waits = False  # a grammar plan was dropped: the window must drain first
+        self._held: tuple[int, list] | None = None  # (fence, [(slot, consumer)]) of a step awaiting masks
         self._accepted = 0  # requests accepted, not yet terminal nor cancelled (model admission capacity)
         self._closing = False
         self._shed: Error | None = None  # end queued requests with this error (model thread)
@@ -235,6 +240,7 @@ class ModelRuntime:
             pages_reusable=s.pages.num_free, snapshots_reusable=s.rows.num_free,
             checkpoints_cached=c.cached_checkpoints, pages_cached=c.cached_pages,
             requests_pending=s.num_queued + len(self._ingress), grammar_steps=counters.grammar_steps,
+            grammar_held_steps=counters.grammar_held_steps,
             launches={LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()}, requests=rows)
 
     # -- model thread -----------------------------------------------------------
@@ -302,28 +308,44 @@ class ModelRuntime:
         ex, sched = self.executor, self.scheduler
         submitted = False
         while not closing and ex.can_submit():
-            if self._grammar_waits and ex.outstanding:
-                break  # a grammar step waits for the window to drain: nothing more goes in first
-            self._grammar_waits = False
             plan = sched.plan()
             if plan is None:
                 break
             constrained = self._constrained_rows(plan) if self._constrained else ()
+            waiting = []
             if constrained:
-                if ex.outstanding:
-                    # A grammar step goes into an empty window: drop the plan, plan again once
-                    # the window drained (planning meanwhile would only be dropped again).
-                    self._grammar_waits = True
-                    break
-                self.inputs.set_grammar_masks([slot for slot, _ in constrained],
-                                              [consumer.grammar.mask for _, consumer in constrained])
+                # A mask is known once every step that sampled for its request has completed;
+                # the others wait for the step in flight, so this one is submitted held.
+                known = ex.completed_fence
+                ready = [(slot, c) for slot, c in constrained if c.grammar_fence <= known]
+                waiting = [(slot, c) for slot, c in constrained if c.grammar_fence > known]
+                self.inputs.set_grammar_masks([slot for slot, _ in ready], [c.grammar.mask for _, c in ready])
             step = sched.commit(plan, ex.next_fence)
-            ex.submit(plan.graph_index, pack_step(self.inputs, step), grammar_constrained=bool(constrained))
+            fence = ex.submit(plan.graph_index, pack_step(self.inputs, step), grammar_constrained=bool(waiting))
+            for _, consumer in constrained:
+                consumer.grammar_fence = fence
+            if waiting:
+                self._held = (fence, waiting)
+                self.counters.grammar_held_steps += 1
             self.counters.grammar_steps += bool(constrained)
             if plan.kind == GraphKind.PREFILL:
                 self.counters.prompt_tokens += sum(r.num_tokens for r in step.rows)
             submitted = True
         return submitted
+
+    def _release_held(self) -> None:
+        """Upload the masks of the held step's constrained rows, now that the step before it
+        completed and their grammars took its tokens. A row whose request ended meanwhile gets
+        no new mask: its device row keeps the last one (which allowed a token), and the
+        scheduler discards what that row samples."""
+        fence, waiting = self._held
+        if self.executor.completed_fence < fence - 1:
+            return
+        self._held = None
+        live = [(slot, c) for slot, c in waiting
+                if not c.is_done and c.grammar.failure is None and not c.grammar.is_stopped]
+        self.inputs.set_grammar_masks([slot for slot, _ in live], [c.grammar.mask for _, c in live])
+        self.executor.release(fence, self.inputs.take())
 
     def _constrained_rows(self, plan) -> list:
         """(slot, consumer) of each constrained request the plan samples for."""
@@ -407,8 +429,11 @@ class ModelRuntime:
             raise done.error
         result = self.scheduler.complete(done.fence, done.graph_index, done.records, done.duration_ns)
         self.counters.device_busy_ns += done.duration_ns
-        # The next masks come first: the step that refills the window may sample these requests.
+        # The next masks come first: the held step (and the one that refills the window) may
+        # sample these requests.
         complete = self._advance_grammars(result) if self._constrained else ()
+        if self._held is not None:
+            self._release_held()
         # Refill the freed frame before the host work of publishing (detokenizing and
         # handing tokens to every stream), so the device never waits on it. A request
         # that publishing then finishes (a stop string) may get one more pipelined step,

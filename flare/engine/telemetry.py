@@ -72,8 +72,9 @@ class EngineStats:
     checkpoints_cached: int = _stat(GAUGE, "Prefix checkpoints held by the cache.")
     pages_cached: int = _stat(GAUGE, "KV pages owned by cached checkpoints.")
     requests_pending: int = _stat(GAUGE, "Requests admitted by the model runtime and waiting for a slot.")
-    grammar_steps: int = _stat(COUNTER, "Steps that sampled a structured-output request (each ran in an empty "
-                                        "executor window).")
+    grammar_steps: int = _stat(COUNTER, "Steps that sampled a structured-output request.")
+    grammar_held_steps: int = _stat(COUNTER, "Structured-output steps submitted before their token masks were known "
+                                             "(their forward part ran while the masks were computed).")
     grammar_compiles: int = _stat(COUNTER, "Structured-output constraints compiled (grammar cache misses).")
     grammar_compile_errors: int = _stat(COUNTER, "Structured-output constraints refused because they cannot be "
                                                  "enforced.")

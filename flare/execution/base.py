@@ -8,6 +8,12 @@ most two submissions in flight (the two-frame window):
 - ``submit(graph_index, uploads, grammar_constrained=False)`` copies each ``(buffer, byte_offset, data)``
   range into a free host frame, then (asynchronously) uploads the ranges and
   runs the graph. Buffers not named keep their device contents.
+- A grammar-constrained submission is *held*: its sampling waits for
+  ``release(fence, uploads)``, which brings the token masks that depend on the
+  previous step's tokens. A DECODE step's forward part runs meanwhile (on the
+  CUDA and CPU executors), so the host computes the masks while the device
+  computes the logits. Nothing else is submitted while a step is held, and a
+  held step completes only after its release.
 - ``poll(timeout)`` returns the next :class:`ExecutionCompletion` in fence order
   once its outputs are back on the host, then frees that frame.
 - A failure poisons the executor: later submits raise, ``poll`` returns the
@@ -57,21 +63,35 @@ class FenceTimeline:
         return self._completed_fence
 
 
-def check_submission(*, poison: BaseException | None, closed: bool, grammar_fence: int,
-                     grammar_constrained: bool, outstanding: int, window_full: bool) -> None:
+def check_submission(*, poison: BaseException | None, closed: bool, held_fence: int, window_full: bool) -> None:
     """The rules every executor's submit enforces, in one order and one wording: not poisoned,
-    not closed, no grammar-constrained step in flight, an empty window for a grammar-constrained
-    one, and a free frame."""
+    not closed, no held (grammar-constrained, not yet released) step, and a free frame."""
     if poison is not None:
         raise ExecutionError(f"executor is poisoned: {poison}")
     if closed:
         raise ExecutionError("executor is closed")
-    if grammar_fence:
-        raise ExecutionError(f"a grammar-constrained step (fence {grammar_fence}) must complete first")
-    if grammar_constrained and outstanding:
-        raise ExecutionError("a grammar-constrained step needs an empty window")
+    if held_fence:
+        raise ExecutionError(f"a grammar-constrained step (fence {held_fence}) must be released first")
     if window_full:
         raise ExecutionError("both frames are in flight; poll before submitting again")
+
+
+# What a release may upload: only buffers the sampling part of a step reads.
+RELEASE_BUFFERS = frozenset({"slot.grammar_mask"})
+
+
+def check_release(*, poison: BaseException | None, closed: bool, held_fence: int, fence: int,
+                  uploads: Sequence[Upload]) -> None:
+    """The rules of ``release``: the fence is the held step's and the uploads are masks."""
+    if poison is not None:
+        raise ExecutionError(f"executor is poisoned: {poison}")
+    if closed:
+        raise ExecutionError("executor is closed")
+    if not held_fence or fence != held_fence:
+        raise ExecutionError(f"fence {fence} is not a held grammar-constrained step")
+    for name, _, _ in uploads:
+        if name not in RELEASE_BUFFERS:
+            raise ExecutionError(f"a release may upload only {', '.join(sorted(RELEASE_BUFFERS))}, not {name!r}")
 
 
 def upload_size(capacities: dict[str, int], name: str, offset: int, data) -> int:
@@ -102,16 +122,18 @@ class Executor(Protocol):
         """The highest fence whose completion has been returned by poll."""
 
     def can_submit(self) -> bool:
-        """A frame is free, the executor is neither poisoned nor closed, and no
-        grammar-constrained step is in flight."""
+        """A frame is free, the executor is neither poisoned nor closed, and no step is held."""
 
     def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
         """Upload the ranges and run the graph; returns its fence.
 
-        ``grammar_constrained`` is reserved for structured output (the spec's grammar
-        submission): such a step needs an empty window and blocks further submissions
-        until its completion has been polled, since the next token's mask depends on it.
-        Nothing passes True yet."""
+        ``grammar_constrained`` (structured output): the step is held until :meth:`release`
+        brings its masks, which depend on the tokens of the step before it; one earlier step
+        may still be in flight. Nothing else is submitted while a step is held."""
+
+    def release(self, fence: int, uploads: Sequence[Upload]) -> None:
+        """Upload the held step's masks (``slot.grammar_mask`` ranges only) and let its
+        sampling run; raises ExecutionError when ``fence`` is not the held step."""
 
     def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
         """The oldest submission's completion once its outputs are on the host, waiting up to

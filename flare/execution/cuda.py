@@ -27,7 +27,7 @@ import numpy as np
 
 from ..contract import Upload
 from ..errors import ExecutionError
-from .base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission, upload_size
+from .base import FRAMES, ExecutionCompletion, FenceTimeline, check_release, check_submission, upload_size
 
 _POLL_SLEEP_S = 0.0002
 
@@ -63,17 +63,22 @@ class _Frame:
         self.start = check(cu.cuEventCreate(timed), "cuEventCreate")
         self.end = check(cu.cuEventCreate(timed), "cuEventCreate")
         self.copied = check(cu.cuEventCreate(untimed), "cuEventCreate")
+        # a held step's two parts: forward ends at mid, sampling starts at resume after masks
+        self.mid = check(cu.cuEventCreate(timed), "cuEventCreate")
+        self.resume = check(cu.cuEventCreate(timed), "cuEventCreate")
+        self.masks = check(cu.cuEventCreate(untimed), "cuEventCreate")
 
     def destroy(self) -> None:
         cu = _driver()
-        for event in (self.start, self.end, self.copied):
+        for event in (self.start, self.end, self.copied, self.mid, self.resume, self.masks):
             cu.cuEventDestroy(event)
 
 
 class GraphExecutor(FenceTimeline):
     """The executor interface (flare.execution.base) over captured CUDA graphs."""
 
-    def __init__(self, owner, contract, buffers: dict, graph_execs: Sequence[int]):
+    def __init__(self, owner, contract, buffers: dict, graph_execs: Sequence[int],
+                 part_handles: dict[int, tuple[int, int]] | None = None):
         import torch
 
         cu = _driver()
@@ -106,7 +111,10 @@ class GraphExecutor(FenceTimeline):
         self._next_fence = 1
         self._completed_fence = 0
         self._poison: ExecutionError | None = None
-        self._grammar_fence = 0  # in-flight grammar-constrained step (0: none)
+        self._held = None  # (fence, graph index, frame, staged inputs, staging end) of a held step
+        self._split = [False] * FRAMES  # per frame: its step ran as two parts
+        self._parts = {int(i): (cu.CUgraphExec(int(f)), cu.CUgraphExec(int(p)))
+                       for i, (f, p) in (part_handles or {}).items()}
         self._closed = False
         self.drained = False
 
@@ -117,8 +125,7 @@ class GraphExecutor(FenceTimeline):
         return len(self._pending)
 
     def can_submit(self) -> bool:
-        return (bool(self._free) and self._poison is None and not self._closed
-                and self._grammar_fence == 0)
+        return bool(self._free) and self._poison is None and not self._closed and self._held is None
 
     def _bind(self) -> None:
         thread = threading.get_ident()
@@ -126,18 +133,9 @@ class GraphExecutor(FenceTimeline):
             check(_driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
             self._context_threads.add(thread)
 
-    def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
-        """Enqueue one graph; returns its fence. A grammar-constrained submission needs an empty
-        window and blocks further submissions until its completion has been polled."""
-        self._bind()
-        check_submission(poison=self._poison, closed=self._closed, grammar_fence=self._grammar_fence,
-                         grammar_constrained=grammar_constrained, outstanding=len(self._pending),
-                         window_full=not self._free)
-        cu = _driver()
-        index = self._free[0]
-        frame = self._frames[index]
-        # Validate every range before touching the frame.
-        pos = 0
+    def _stage(self, frame: _Frame, uploads: Sequence[Upload], pos: int = 0) -> tuple[list, int]:
+        """Validate every range and place it in the frame's staging buffer from ``pos``;
+        returns the copies to enqueue ((device address, staging offset, bytes)) and the end."""
         plan = []
         for name, offset, data in uploads:
             size = upload_size(self._capacities, name, offset, data)
@@ -145,34 +143,102 @@ class GraphExecutor(FenceTimeline):
                 raise ExecutionError("uploads exceed the input frame")
             plan.append((self._dev[name][0] + offset, pos, size, data))
             pos += size
+        for _, at, size, data in plan:
+            frame.staging_np[at:at + size] = np.frombuffer(data, dtype=np.uint8)
+        return plan, pos
+
+    def _copy_in(self, frame: _Frame, plan: list, stream) -> None:
+        cu = _driver()
+        for dst, at, size, _ in plan:
+            check(cu.cuMemcpyHtoDAsync(dst, frame.staging_ptr + at, size, stream), "cuMemcpyHtoDAsync")
+
+    def _begin(self, index: int, plan: list, pos: int) -> None:
+        """Inputs and the frame index onto the model stream, then the start event."""
+        cu = _driver()
+        frame = self._frames[index]
+        self._copy_in(frame, plan, self.model_stream)
+        frame.staging_np[pos:pos + 8] = self._frame_values[index].view(np.uint8)
+        check(cu.cuMemcpyHtoDAsync(self._dev["step.frame"][0], frame.staging_ptr + pos, 8, self.model_stream),
+              "cuMemcpyHtoDAsync")
+        check(cu.cuEventRecord(frame.start, self.model_stream), "cuEventRecord")
+
+    def _end(self, index: int) -> None:
+        """The end event, then the completion copies behind it on the copy stream."""
+        cu = _driver()
+        frame = self._frames[index]
+        check(cu.cuEventRecord(frame.end, self.model_stream), "cuEventRecord")
+        copy = self.copy_stream
+        check(cu.cuStreamWaitEvent(copy, frame.end, 0), "cuStreamWaitEvent")
+        for name, (base, size) in self._out_dev.items():
+            check(cu.cuMemcpyDtoHAsync(frame.outputs[name].data_ptr(), base + index * size, size, copy),
+                  "cuMemcpyDtoHAsync")
+        check(cu.cuEventRecord(frame.copied, copy), "cuEventRecord")
+
+    def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
+        """Enqueue one graph; returns its fence. A grammar-constrained submission is held: a
+        DECODE graph's forward part is enqueued now and its sampling part at ``release``
+        (other kinds are enqueued whole at ``release``)."""
+        self._bind()
+        check_submission(poison=self._poison, closed=self._closed, held_fence=self._held_fence,
+                         window_full=not self._free)
+        cu = _driver()
+        index = self._free[0]
+        frame = self._frames[index]
+        plan, pos = self._stage(frame, uploads)  # validates every range before anything is enqueued
         fence = self._next_fence
+        parts = self._parts.get(graph_index) if grammar_constrained else None
         try:
-            stream = self.model_stream
-            staging = frame.staging_np
-            for dst, at, size, data in plan:
-                staging[at:at + size] = np.frombuffer(data, dtype=np.uint8)
-                check(cu.cuMemcpyHtoDAsync(dst, frame.staging_ptr + at, size, stream), "cuMemcpyHtoDAsync")
-            staging[pos:pos + 8] = self._frame_values[index].view(np.uint8)
-            check(cu.cuMemcpyHtoDAsync(self._dev["step.frame"][0], frame.staging_ptr + pos, 8, stream),
-                  "cuMemcpyHtoDAsync")
-            check(cu.cuEventRecord(frame.start, stream), "cuEventRecord")
-            check(cu.cuGraphLaunch(self._execs[graph_index], stream), "cuGraphLaunch")
-            check(cu.cuEventRecord(frame.end, stream), "cuEventRecord")
-            copy = self.copy_stream
-            check(cu.cuStreamWaitEvent(copy, frame.end, 0), "cuStreamWaitEvent")
-            for name, (base, size) in self._out_dev.items():
-                check(cu.cuMemcpyDtoHAsync(frame.outputs[name].data_ptr(), base + index * size, size, copy),
-                      "cuMemcpyDtoHAsync")
-            check(cu.cuEventRecord(frame.copied, copy), "cuEventRecord")
+            if grammar_constrained:
+                if parts is not None:
+                    self._begin(index, plan, pos)
+                    check(cu.cuGraphLaunch(parts[0], self.model_stream), "cuGraphLaunch")
+                    check(cu.cuEventRecord(frame.mid, self.model_stream), "cuEventRecord")
+                self._held = (fence, graph_index, index, plan, pos + 8)
+            else:
+                self._begin(index, plan, pos)
+                check(cu.cuGraphLaunch(self._execs[graph_index], self.model_stream), "cuGraphLaunch")
+                self._end(index)
+                self._split[index] = False
         except ExecutionError as exc:
             self._poison = exc
             raise
         self._free.popleft()
         self._next_fence += 1
         self._pending.append((fence, graph_index, index))
-        if grammar_constrained:
-            self._grammar_fence = fence
         return fence
+
+    @property
+    def _held_fence(self) -> int:
+        return self._held[0] if self._held is not None else 0
+
+    def release(self, fence: int, uploads: Sequence[Upload]) -> None:
+        """Upload the held step's masks and enqueue its sampling (or, for a graph without
+        parts, the whole step). The masks go up on the copy stream, so they overlap the
+        forward part; the model stream waits for them."""
+        self._bind()
+        check_release(poison=self._poison, closed=self._closed, held_fence=self._held_fence, fence=fence,
+                      uploads=uploads)
+        cu = _driver()
+        _, graph_index, index, plan, pos = self._held
+        frame = self._frames[index]
+        masks, _ = self._stage(frame, uploads, pos)
+        parts = self._parts.get(graph_index)
+        try:
+            if parts is None:
+                self._begin(index, plan + masks, pos - 8)
+                check(cu.cuGraphLaunch(self._execs[graph_index], self.model_stream), "cuGraphLaunch")
+            else:
+                self._copy_in(frame, masks, self.copy_stream)
+                check(cu.cuEventRecord(frame.masks, self.copy_stream), "cuEventRecord")
+                check(cu.cuStreamWaitEvent(self.model_stream, frame.masks, 0), "cuStreamWaitEvent")
+                check(cu.cuEventRecord(frame.resume, self.model_stream), "cuEventRecord")
+                check(cu.cuGraphLaunch(parts[1], self.model_stream), "cuGraphLaunch")
+            self._end(index)
+        except ExecutionError as exc:
+            self._poison = exc
+            raise
+        self._held = None
+        self._split[index] = parts is not None
 
     def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
         if not self._pending:
@@ -180,6 +246,8 @@ class GraphExecutor(FenceTimeline):
         self._bind()
         cu = _driver()
         fence, graph_index, index = self._pending[0]
+        if fence == self._held_fence:
+            return None  # a held step completes only after its release (its events are stale)
         frame = self._frames[index]
         deadline = time.monotonic() + timeout
         while True:
@@ -194,10 +262,14 @@ class GraphExecutor(FenceTimeline):
                 return ExecutionCompletion(fence, graph_index, np.zeros(0), np.zeros(0), np.zeros(0), 0, error)
             if time.monotonic() >= deadline:
                 return None
-            # A grammar step's completion gates the next submission (nothing else is queued
-            # behind it), so its wait only yields the GIL instead of sleeping 200 us.
-            time.sleep(0 if self._grammar_fence == fence else _POLL_SLEEP_S)
-        ms = check(cu.cuEventElapsedTime(frame.start, frame.end), "cuEventElapsedTime")
+            # The completion a held step's release waits for only yields the GIL instead of
+            # sleeping 200 us: the device runs out of work soon after it.
+            time.sleep(0 if self._held is not None else _POLL_SLEEP_S)
+        if self._split[index]:  # device time of the two parts, not the host's mask work between
+            ms = (check(cu.cuEventElapsedTime(frame.start, frame.mid), "cuEventElapsedTime")
+                  + check(cu.cuEventElapsedTime(frame.resume, frame.end), "cuEventElapsedTime"))
+        else:
+            ms = check(cu.cuEventElapsedTime(frame.start, frame.end), "cuEventElapsedTime")
         out = frame.outputs
         completion = ExecutionCompletion(fence, graph_index, out["out.records"].numpy().copy(),
                                          out["out.logprobs"].numpy().copy(), out["out.top_ids"].numpy().copy(),
@@ -205,8 +277,6 @@ class GraphExecutor(FenceTimeline):
         self._pending.popleft()
         self._free.append(index)
         self._completed_fence = fence
-        if self._grammar_fence == fence:
-            self._grammar_fence = 0
         return completion
 
     def close(self) -> None:
@@ -251,4 +321,4 @@ def make_cuda_executor(loaded, progress: Progress | None = None) -> GraphExecuto
 
     owner = capture_graphs(loaded.programs, progress)
     ExecutionManifest.from_contract(loaded.contract, loaded.programs.buffers, owner.exec_handles).validate()
-    return GraphExecutor(owner, loaded.contract, loaded.programs.buffers, owner.exec_handles)
+    return GraphExecutor(owner, loaded.contract, loaded.programs.buffers, owner.exec_handles, owner.part_handles)

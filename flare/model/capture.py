@@ -34,6 +34,10 @@ class CapturedGraphs:
     pool: object
     exec_handles: list[int] = field(default_factory=list)
     capture_s: float = 0.0
+    # DECODE graph index -> (forward part, sampling part) executables (StepPrograms.run_part);
+    # the variants of one batch capacity share their forward part.
+    part_graphs: dict = field(default_factory=dict)
+    part_handles: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def _size(graph) -> tuple[int, int]:
@@ -96,6 +100,30 @@ def capture_graphs(programs: StepPrograms, progress: Progress | None = None, *,
         graphs[g.index] = cuda_graph
         if progress and (n % 8 == 0 or n == len(order)):
             progress(f"captured {n}/{len(order)} CUDA graphs")
+    parts = _capture_parts(programs, [g for g in order if g.kind == GraphKind.DECODE], pool, stream, warmup)
     torch.cuda.synchronize(programs.device)
     handles = [_exec_handle(cg) for cg in graphs]
-    return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start)
+    part_handles = {index: (_exec_handle(fwd), _exec_handle(smp)) for index, (fwd, smp) in parts.items()}
+    return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start, parts, part_handles)
+
+
+def _capture_parts(programs: StepPrograms, decodes: list, pool, stream, warmup: int) -> dict:
+    """The two parts of every DECODE graph (structured output's held steps), in the same pool."""
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for g in decodes:
+                programs.run_part(g, "forward")
+                programs.run_part(g, "sample")
+    torch.cuda.synchronize(programs.device)
+    forwards: dict[int, object] = {}
+    parts = {}
+    for g in decodes:
+        if g.batch not in forwards:
+            forwards[g.batch] = _new_graph()
+            with torch.cuda.graph(forwards[g.batch], pool=pool, stream=stream):
+                programs.run_part(g, "forward")
+        sample = _new_graph()
+        with torch.cuda.graph(sample, pool=pool, stream=stream):
+            programs.run_part(g, "sample")
+        parts[g.index] = (forwards[g.batch], sample)
+    return parts

@@ -77,6 +77,11 @@ class StepPrograms:
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
         self.commit = self._commit  # (slots, token, do_sample, kind, positions=None, rows=None) -> None
         self._ones = torch.ones(contract.max_batch, dtype=torch.bool, device=self.device)  # do_sample of decode rows
+        # A decode step run in two parts (structured output, see run_part): the forward part
+        # leaves the step's logits here for the sampling part, which runs once the host has
+        # uploaded the masks that depend on the previous step's tokens.
+        self.part_logits = torch.zeros(contract.max_batch, spec.vocab_size, dtype=torch.float32,
+                                       device=self.device)
         self._runners = {
             GraphKind.INITIALIZE: self._initialize,
             GraphKind.PREFILL: self._prefill,
@@ -90,6 +95,24 @@ class StepPrograms:
         """Execute one graph's program against the current device buffers."""
         with torch.inference_mode():
             self._runners[graph.kind](graph)
+
+    def run_part(self, graph: GraphSpec, part: str) -> None:
+        """One part of a DECODE graph's program: ``"forward"`` (the decoder and the logits,
+        which need nothing the host learns from the previous step) or ``"sample"`` (masking,
+        sampling and the commit). Running both in order has the effect of :meth:`run`."""
+        if graph.kind != GraphKind.DECODE or part not in ("forward", "sample"):
+            raise ValueError(f"{graph.label} has no {part!r} part")
+        with torch.inference_mode():
+            slots = self._step("step.slots", graph.batch)
+            if part == "forward":
+                tokens, batch = self.decode_inputs(slots)
+                hidden = self.decoder.forward(tokens, batch, self.kv)
+                self.hidden.index_copy_(0, slots, hidden)
+                self.part_logits[:graph.batch].copy_(self.decoder.logits(hidden))
+            else:
+                positions = self.buffers["slot.position"][slots] + 1
+                self._sample_logits(slots, self.part_logits[:graph.batch], self._ones[:graph.batch],
+                                    GraphKind.DECODE, graph.greedy, positions)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -139,16 +162,21 @@ class StepPrograms:
         the rows' new slot positions, stored with the tokens (see :meth:`_commit`).
         ``keep_hidden``: ``hidden`` goes into the slots' rows of ``self.hidden`` as well.
         """
+        self._sample_logits(slots, self.decoder.logits(hidden), do_sample, kind, greedy, positions,
+                            hidden if keep_hidden else None)
+
+    def _sample_logits(self, slots: torch.Tensor, logits: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
+                       greedy: bool, positions: torch.Tensor | None, rows: torch.Tensor | None = None) -> None:
+        """:meth:`_sample_rows` from the rows' logits [b, V] float32; ``rows``: hidden states to
+        keep in ``self.hidden`` (see :meth:`_commit`)."""
         buf = self.buffers
-        logits = self.decoder.logits(hidden)  # [b, V] float32
         # Structured output: a constrained slot's disallowed tokens become -inf before any filter,
         # penalty or logprob sees them (rows whose slot is not constrained are left as they are).
         self.apply_grammar_masks(logits, buf["slot.sampling"], buf["slot.grammar_mask"], slots)
         if greedy:
             token = self.greedy_tokens(logits, buf["slot.sampling"], self.output_counts, self.prompt_counts, slots,
                                        do_sample, buf["slot.token"])
-            self._commit_samples(slots, token, do_sample, kind, positions=positions,
-                                 rows=hidden if keep_hidden else None)
+            self._commit_samples(slots, token, do_sample, kind, positions=positions, rows=rows)
             return
         params = buf["slot.sampling"][slots]
         penalized = apply_penalties(logits, params, self.output_counts[slots], self.prompt_counts[slots] > 0)
@@ -156,7 +184,7 @@ class StepPrograms:
         uniform = philox_uniform(buf["slot.seed"][slots], buf["slot.generated"][slots])
         token = sample(penalized, params, uniform)
         token = torch.where(do_sample, token, buf["slot.token"][slots])
-        self._commit_samples(slots, token, do_sample, kind, raw_logprobs, positions, hidden if keep_hidden else None)
+        self._commit_samples(slots, token, do_sample, kind, raw_logprobs, positions, rows)
 
     def _commit_samples(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
                         raw_logprobs: torch.Tensor | None = None, positions: torch.Tensor | None = None,

@@ -52,7 +52,7 @@ from ..contract import (
     Upload,
 )
 from ..errors import ExecutionError
-from ..execution.base import FRAMES, ExecutionCompletion, FenceTimeline, check_submission
+from ..execution.base import FRAMES, ExecutionCompletion, FenceTimeline, check_release, check_submission
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -109,26 +109,37 @@ class FakeExecutor(FenceTimeline):
         self.fail_at_fence: int | None = None
         self.submissions: list[tuple[int, GraphKind, int]] = []  # (fence, kind, upload bytes)
         self.closed = False
-        self._grammar_fence = 0  # in-flight grammar-constrained step (0: none)
+        self._held: tuple | None = None  # (fence, graph index, uploads) of a held step
 
     @property
     def outstanding(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + (self._held is not None)
 
     def can_submit(self) -> bool:
-        return (len(self._queue) < FRAMES and self.poison is None and not self.closed
-                and self._grammar_fence == 0)
+        return self.outstanding < FRAMES and self.poison is None and not self.closed and self._held is None
 
     def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
-        """Run one graph now; returns its fence. ``grammar_constrained`` (reserved for structured
-        output) follows the other executors' rule: an empty window, and nothing else until its
-        completion has been polled."""
-        check_submission(poison=self.poison, closed=self.closed, grammar_fence=self._grammar_fence,
-                         grammar_constrained=grammar_constrained, outstanding=len(self._queue),
-                         window_full=len(self._queue) >= FRAMES)
-        graph = self.contract.graphs[graph_index]
+        """Run one graph now; returns its fence. A grammar-constrained step is held, as on the
+        other executors: it runs at ``release``, and nothing else is submitted before."""
+        check_submission(poison=self.poison, closed=self.closed, held_fence=self._held[0] if self._held else 0,
+                         window_full=self.outstanding >= FRAMES)
         fence = self._next_fence
         self._next_fence += 1
+        if grammar_constrained:
+            self._held = (fence, graph_index, list(uploads))
+            return fence
+        self._execute(fence, graph_index, uploads)
+        return fence
+
+    def release(self, fence: int, uploads: Sequence[Upload]) -> None:
+        check_release(poison=self.poison, closed=self.closed, held_fence=self._held[0] if self._held else 0,
+                      fence=fence, uploads=uploads)
+        _, graph_index, staged = self._held
+        self._held = None
+        self._execute(fence, graph_index, [*staged, *uploads])
+
+    def _execute(self, fence: int, graph_index: int, uploads: Sequence[Upload]) -> None:
+        graph = self.contract.graphs[graph_index]
         size = 0
         for name, offset, data in uploads:
             view = self.buffers[name].reshape(-1).view(np.uint8)
@@ -156,9 +167,6 @@ class FakeExecutor(FenceTimeline):
                                                self.top_ids.copy(), duration_ns, error))
         if not self.manual and self.device_time is None:
             self._ready = len(self._queue)
-        if grammar_constrained:
-            self._grammar_fence = fence
-        return fence
 
     def step(self, count: int = 1) -> None:
         """Manual mode: let the next ``count`` submissions complete."""
@@ -181,8 +189,6 @@ class FakeExecutor(FenceTimeline):
         self._ready -= 1
         done = self._queue.popleft()
         self._completed_fence = done.fence
-        if self._grammar_fence == done.fence:
-            self._grammar_fence = 0
         return done
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from flare.execution.cuda import GraphExecutor
 from flare.testing.fake_executor import FakeExecutor
 
 IMPLEMENTATIONS = (CpuExecutor, GraphExecutor, FakeExecutor)
-MEMBERS = ("next_fence", "outstanding", "completed_fence", "can_submit", "submit", "poll", "close")
+MEMBERS = ("next_fence", "outstanding", "completed_fence", "can_submit", "submit", "poll", "release", "close")
 
 
 def _parameters(member) -> list[tuple[str, object, object]]:
@@ -43,20 +43,23 @@ def test_every_implementation_takes_the_protocols_parameters(impl, name):
     assert _parameters(actual) == _parameters(declared), f"{impl.__name__}.{name}"
 
 
-def test_the_fake_serializes_a_grammar_constrained_step():
+def test_the_fake_holds_a_grammar_constrained_step_until_its_release():
     contract = PreparedContract.build(max_active=2, context=256, prefill_chunk_size=64, num_pages=8,
                                       num_snapshot_rows=2, vocab_size=32, hidden_size=8)
     ex = FakeExecutor(contract, manual=True)
     decode = contract.graph(GraphKind.DECODE, 1).index
-    ex.submit(decode, [])
-    with pytest.raises(ExecutionError, match="empty window"):
-        ex.submit(decode, [], grammar_constrained=True)
-    ex.step()
-    ex.poll()
-    fence = ex.submit(decode, [], grammar_constrained=True)
-    assert not ex.can_submit()
-    with pytest.raises(ExecutionError, match="must complete first"):
+    first = ex.submit(decode, [])
+    held = ex.submit(decode, [], grammar_constrained=True)  # one step may be in flight before it
+    assert ex.outstanding == 2 and not ex.can_submit()
+    with pytest.raises(ExecutionError, match="must be released first"):
         ex.submit(decode, [])
+    with pytest.raises(ExecutionError, match="not a held"):
+        ex.release(first, [])
+    with pytest.raises(ExecutionError, match="may upload only slot.grammar_mask"):
+        ex.release(held, [("step.slots", 0, b"\0" * 8)])
+    ex.step(2)
+    assert ex.poll().fence == first and ex.poll() is None  # the held step waits for its masks
+    ex.release(held, [("slot.grammar_mask", 0, b"\xff" * 4)])
     ex.step()
-    assert ex.poll().fence == fence and ex.can_submit()
+    assert ex.poll().fence == held and ex.can_submit()
     ex.submit(decode, [])

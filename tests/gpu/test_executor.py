@@ -11,7 +11,7 @@ import torch
 from flare.contract import REC_CONSUMED, REC_SLOT, REC_TOKEN0, GraphKind
 from flare.errors import ExecutionError
 from flare.request import SamplingParams
-from tests.model.harness import Harness, save_tiny
+from tests.model.harness import Harness, check_held_decode, save_tiny
 from tests.model.test_parity_tiny import _make, _prompt
 
 
@@ -88,20 +88,31 @@ def test_two_frames_then_backpressure_and_order(h):
     assert d1.duration_ns > 0
 
 
-def test_grammar_submission_serializes(h):
+def test_a_grammar_submission_is_held_until_its_release(h):
+    """The spec's grammar serialization case, as Flare departs from it: a grammar-constrained
+    step may follow one in flight, nothing follows it until its release, and it completes after."""
     graph = h.contract.graph(GraphKind.DECODE, 1)
     h.inputs.set_rows([0], 1)
-    h.executor.submit(graph.index, h.inputs.take())
-    with pytest.raises(ExecutionError, match="empty window"):
-        h.executor.submit(graph.index, [], grammar_constrained=True)
-    h.executor.poll(timeout=30)
-    h.executor.submit(graph.index, [], grammar_constrained=True)
+    first = h.executor.submit(graph.index, h.inputs.take())
+    held = h.executor.submit(graph.index, [], grammar_constrained=True)
     assert not h.executor.can_submit()
-    with pytest.raises(ExecutionError, match="grammar"):
+    with pytest.raises(ExecutionError, match="released first"):
         h.executor.submit(graph.index, [])
-    h.executor.poll(timeout=30)
+    assert h.executor.poll(timeout=30).fence == first
+    assert h.executor.poll(timeout=0.2) is None  # its sampling waits for the masks
+    with pytest.raises(ExecutionError, match="may upload only"):
+        h.executor.release(held, [("step.slots", 0, bytes(8))])
+    h.executor.release(held, [])
+    done = h.executor.poll(timeout=30)
+    assert done.fence == held and done.error is None and done.duration_ns > 0
     assert h.executor.can_submit()
 
+
+@pytest.mark.parametrize("greedy_graph", [False, True], ids=["general", "greedy"])
+def test_a_held_decode_step_samples_with_the_masks_of_its_release(h, greedy_graph):
+    """Captured forward and sampling parts: the same tokens as the whole graph, and the
+    masks uploaded on the copy stream while the forward part ran are the ones applied."""
+    check_held_decode(h, _prompt(33, 40), greedy_graph=greedy_graph)
 
 def test_changed_resident_inputs_take_effect(h):
     """Uploading a new sampling row between steps changes what the next step samples."""

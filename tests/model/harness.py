@@ -14,13 +14,13 @@ import torch
 from tokenizers import Tokenizer, models
 
 from flare.config import EngineConfig
-from flare.contract import REC_CONSUMED, REC_TOKEN0, GraphKind
+from flare.contract import REC_CONSUMED, REC_TOKEN0, GraphKind, mask_words
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.execution.cpu import CpuExecutor
 from flare.model.inputs import Inputs
 from flare.model.loader import load_model
-from flare.request import SamplingParams
+from flare.request import GrammarRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -147,3 +147,54 @@ class Harness:
 
     def position(self, slot: int) -> int:
         return int(self.programs.buffers["slot.position"][slot])
+
+
+def mask_row(vocab: int, allowed: list[int] | None = None) -> np.ndarray:
+    """A slot.grammar_mask row allowing ``allowed`` (every token when None)."""
+    row = np.zeros(mask_words(vocab), dtype=np.int32)
+    if allowed is None:
+        row[:] = -1
+        return row
+    bits = row.view(np.uint32)
+    for token in allowed:
+        bits[token // 32] |= np.uint32(1 << (token % 32))
+    return row
+
+
+def check_held_decode(h: Harness, prompt: np.ndarray, steps: int = 6, *, greedy_graph: bool = False) -> None:
+    """A held DECODE step (forward part submitted, masks released after it, then sampling)
+    samples what the whole step samples, and applies the masks of its release, not the ones
+    resident when its forward part ran."""
+    vocab = h.contract.vocab_size
+    params = SamplingParams(temperature=0.0, grammar=GrammarRequest("json_object"))
+    graph = h.contract.graph(GraphKind.DECODE, 1, greedy=greedy_graph)
+    runs = []
+    for mode in ("whole", "held", "forced"):
+        h.admit(1, generation=300 + len(runs), params=params)
+        h.inputs.set_grammar_masks([1], [mask_row(vocab)])
+        tokens = [h.prefill(1, prompt, 0, [len(prompt)])]
+        for step in range(steps):
+            h.alloc_pages(1, h.position(1) + 2)
+            h.inputs.set_rows([1], 1)
+            if mode == "whole":
+                done = h.run(GraphKind.DECODE, 1) if not greedy_graph else _submit_whole(h, graph)
+            else:
+                fence = h.executor.submit(graph.index, h.inputs.take(), grammar_constrained=True)
+                assert h.executor.poll(timeout=0.05) is None and not h.executor.can_submit()
+                forced = (runs[0][step + 1] + 1) % vocab
+                h.inputs.set_grammar_masks([1], [mask_row(vocab, None if mode == "held" else [forced])])
+                h.executor.release(fence, h.inputs.take())
+                done = h.executor.poll(timeout=120)
+                assert done is not None and done.error is None and done.fence == fence
+            tokens.append(int(done.records[1, REC_TOKEN0]))
+        runs.append(tokens)
+    whole, held, forced = runs
+    assert held == whole
+    assert forced[1:] == [(t + 1) % vocab for t in whole[1:]]
+
+
+def _submit_whole(h: Harness, graph):
+    h.executor.submit(graph.index, h.inputs.take())
+    done = h.executor.poll(timeout=120)
+    assert done is not None and done.error is None
+    return done

@@ -22,7 +22,7 @@ from transformers import (
 
 from flare.contract import REC_TOKEN0, GraphKind
 
-from .harness import Harness, save_tiny
+from .harness import Harness, check_held_decode, save_tiny
 
 STEPS = 32
 TOL = 1e-3
@@ -220,6 +220,11 @@ def test_greedy_decode_variant_matches_the_general_sampler(tiny):
             tokens.append(int(done.records[1, 16]))
         runs.append(tokens)
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("greedy_graph", [False, True], ids=["general", "greedy"])
+def test_a_held_decode_step_samples_with_the_masks_of_its_release(tiny, greedy_graph):
+    check_held_decode(tiny[1], _prompt(33, 40), greedy_graph=greedy_graph)
 
 
 def _run_greedy(h):

@@ -158,7 +158,9 @@ def test_free_rows_beside_constrained_rows_keep_their_tokens(model):
         assert isinstance(finish, FinishEvent)
         if finish.reason == "stop":
             jsonschema.validate(json.loads(text), CAT)
-    assert model.runtime.stats().grammar_steps > 0
+    stats = model.runtime.stats()
+    # pipelined: most constrained steps went in while the step before them was in flight
+    assert stats.grammar_steps > 0 and stats.grammar_held_steps > stats.grammar_steps // 2
 
 
 def test_a_cancelled_constrained_request_frees_its_slot(model):
