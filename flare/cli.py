@@ -39,6 +39,11 @@ def _export_parser(sub) -> None:
     p.add_argument("--capacity-hint", default=defaults.capacity_hint, help="appended to capacity errors")
     p.add_argument("--chat-template", type=Path, default=None, metavar="FILE",
                    help="a Jinja chat template exported instead of the checkpoint's (checked to compile)")
+    p.add_argument("--tool-parser", default="auto", metavar="NAME",
+                   help="the tool-call parser recorded for the core: auto (chosen from the chat template), "
+                        "none, or one of flare/frontend/parsers' names")
+    p.add_argument("--reasoning-parser", default="auto", metavar="NAME",
+                   help="the reasoning parser recorded for the core: auto, none, or a parser name")
     p.add_argument("--generation", action="append", default=[], metavar="KEY=VALUE",
                    help="a request default, over the checkpoint's generation_config.json value (repeatable; "
                         f"KEY is one of {', '.join(GENERATION_KEYS)})")
@@ -109,14 +114,24 @@ def _template_text(path: Path | None) -> str | None:
     return read_template_file(path).decode("utf-8")
 
 
+def _parser_choice(name: str, kind: str) -> str | None:
+    """An export's --tool-parser / --reasoning-parser: auto, none (None) or a known name."""
+    from .frontend.parsers import check_parser_name
+
+    return None if name == "none" else name if name == "auto" else check_parser_name(name, kind)
+
+
 def _export(args: argparse.Namespace) -> int:
     from .core.export import export_core
+    from .frontend.parsers.detect import detect
 
     options = ExportOptions(
         context=args.context, max_active=args.max_active, prefill_chunk_size=args.prefill_chunk_size,
         served_names=tuple(args.served_names), dtype=args.dtype, identifier=args.identifier,
         context_hint=args.context_hint, capacity_hint=args.capacity_hint,
         generation=_generation_settings(args.generation), chat_template=_template_text(args.chat_template),
+        tool_parser=_parser_choice(args.tool_parser, "tool"),
+        reasoning_parser=_parser_choice(args.reasoning_parser, "reasoning"), detect_parsers=detect,
     )
     export_core(args.source, args.output, options, _progress)
     return 0
@@ -136,6 +151,12 @@ def _info(args: argparse.Namespace) -> int:
     defaults = core.generation.to_json()
     print("generation defaults: " + (", ".join(f"{k} {v}" for k, v in defaults.items()) if defaults
                                      else "none (requests get OpenAI's)"))
+    frontend = c.frontend
+    if "tool_parser" in frontend:
+        print(f"output parsers: tool calls {frontend['tool_parser'] or 'none'}, "
+              f"reasoning {frontend['reasoning_parser'] or 'none'}")
+    else:
+        print("output parsers: not recorded (chosen from the chat template when served)")
     print(json.dumps({name: info["sha256"][:16] for name, info in core.assets.items()}, indent=2))
     return 0
 

@@ -73,4 +73,8 @@ class ServerConfig:
     generation_config: str = "model"  # request defaults: the core's generation values, or "none" (OpenAI's)
     chat_template: str | None = None  # a chat template file served instead of the core's (--chat-template)
     trust_request_chat_template: bool = False  # requests may carry their own chat_template (vLLM's flag)
+    # Output parsers (frontend/parsers): "auto" serves the core's (or what a serve-time template
+    # implies), "none" parses nothing, a name serves that parser.
+    tool_parser: str = "auto"
+    reasoning_parser: str = "auto"
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -250,6 +250,8 @@ class ModelDetails:
     digest: str = ""  # hex identity of the weights and assets (the prefix cache's model identity)
     chat_template: str | None = None  # the served chat template's Jinja source
     renders_tools: bool = False  # the chat template shows a request's tools to the model
+    tool_parser: str | None = None  # the output parser for its tool calls (frontend/parsers), None: none
+    reasoning_parser: str | None = None  # the output parser for its reasoning text, None: none
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)  # the recipe: sizes, heads, rope, ...
 
 

@@ -28,11 +28,13 @@ DEMO_GENERATION = (("temperature", 0.2), ("top_p", 0.9))
 DEMO_OPTIONS = ExportOptions(
     context=8192, max_active=16, prefill_chunk_size=512, served_names=DEMO_SERVED_NAMES,
     dtype="float32", identifier=DEMO_IDENTIFIER, generation=DEMO_GENERATION,
+    # SmolLM2's template renders neither tool calls nor reasoning (frontend/parsers/detect.py agrees)
+    tool_parser=None, reasoning_parser=None,
 )
 # Part of the cache directory's name: raise it whenever DEMO_OPTIONS or the export change
 # what the demo core holds, so that a core prepared before is not reused
-# (2: generation defaults recorded).
-DEMO_REVISION = 2
+# (2: generation defaults recorded; 3: output parsers recorded).
+DEMO_REVISION = 3
 
 
 def demo_core_dir() -> Path:

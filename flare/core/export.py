@@ -50,6 +50,13 @@ class ExportOptions:
     # A template source exported instead of the checkpoint's (flare export --chat-template FILE; the
     # command checks that it compiles).
     chat_template: str | None = None
+    # The output parsers recorded for the template (frontend/parsers): "auto" asks
+    # ``detect_parsers`` (template source -> (tool, reasoning) names; the CLI passes
+    # frontend/parsers/detect.py's, which core may not import), None records none. "auto"
+    # without a detector records nothing: the server then detects them from the template.
+    tool_parser: str | None = "auto"
+    reasoning_parser: str | None = "auto"
+    detect_parsers: Callable[[str], tuple[str | None, str | None]] | None = None
 
     def validate(self, spec: ModelSpec) -> tuple[int, torch.dtype]:
         context = self.context or spec.max_position_embeddings
@@ -115,6 +122,18 @@ def _frontend_settings(checkpoint: Path, spec: ModelSpec) -> tuple[dict[str, Any
         "eos_token_ids": eos_ids,
     }
     return frontend, _chat_template(checkpoint, tokenizer_config)
+
+
+def _output_parsers(template: str | None, options: ExportOptions) -> tuple[str | None, str | None] | None:
+    """The (tool-call, reasoning) parser names to record: the options', or what the template
+    implies; None (record nothing) when a choice is "auto" and there is no detector."""
+    auto = "auto" in (options.tool_parser, options.reasoning_parser)
+    if auto and options.detect_parsers is None:
+        return None
+    detected = options.detect_parsers(template) if auto and template is not None else (None, None)
+    tool = detected[0] if options.tool_parser == "auto" else options.tool_parser
+    reasoning = detected[1] if options.reasoning_parser == "auto" else options.reasoning_parser
+    return tool, reasoning
 
 
 def _generation(checkpoint: Path, origin: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -205,6 +224,10 @@ def export_core(source: Path, output: Path, options: ExportOptions = ExportOptio
             (core_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
             asset_names.append("chat_template.jinja")
         frontend["template"] = _template_annotation(template)
+        parsers = _output_parsers(template, options)
+        if parsers is not None:
+            frontend["tool_parser"], frontend["reasoning_parser"] = parsers
+            progress(f"output parsers: tool calls {parsers[0] or 'none'}, reasoning {parsers[1] or 'none'}")
         contract = CoreContract(
             context=context, max_active=options.max_active, prefill_chunk_size=options.prefill_chunk_size,
             page_tokens=PAGE_TOKENS, served_names=tuple(options.served_names),

@@ -184,7 +184,7 @@ def check_contract(contract: _Fields, recipe: Mapping[str, Any]) -> None:
     contract.text("context_hint", default="")
     contract.text("capacity_hint", default="")
     frontend = _Fields(contract.file, contract.get("frontend"), "contract.frontend")
-    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token", "tool_parser", "reasoning_parser"):
         frontend.text(key, nullable=True, default=None)
     if frontend.get("add_bos_token", None) is not None:
         frontend.flag("add_bos_token")

@@ -15,6 +15,7 @@ from ..core.format import Core, load_core
 from ..errors import FrontendError
 from ..frontend.annotations import sha256_hex
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings, read_template_file
+from ..frontend.parsers.detect import detect as detect_parsers
 from ..frontend.template.limits import TemplateLimits
 from ..request import (
     EventSink,
@@ -80,11 +81,26 @@ def model_details(model: NativeModel, frontend: Frontend) -> ModelDetails:
     core = model.core
     recipe = core.recipe
     weights = sum(entry.get("bytes", 0) for name, entry in core.assets.items() if name.startswith("weights"))
+    tool_parser, reasoning_parser = output_parsers(core, frontend)
     return ModelDetails(family=recipe.family, architecture=recipe.architecture, num_params=recipe.num_params,
                         dtype=core.dtype, weights_bytes=weights, device=str(model.loaded.device),
                         digest=core_identity(core).hex(),
                         chat_template=frontend.template.source if frontend.template is not None else None,
-                        renders_tools=frontend.renders_tools, hyperparameters=recipe.to_json())
+                        renders_tools=frontend.renders_tools, tool_parser=tool_parser,
+                        reasoning_parser=reasoning_parser, hyperparameters=recipe.to_json())
+
+
+def output_parsers(core: Core, frontend: Frontend) -> tuple[str | None, str | None]:
+    """The (tool-call, reasoning) parsers for the template served: those the export recorded
+    for the core's own template, else the ones its source implies (a serve-time
+    --chat-template, or a core exported before parsers were recorded)."""
+    if frontend.template is None:
+        return None, None
+    recorded = core.contract.frontend
+    exported = core.assets.get("chat_template.jinja", {}).get("sha256")
+    if frontend.fingerprints.chat_template == exported and "tool_parser" in recorded:
+        return recorded.get("tool_parser"), recorded.get("reasoning_parser")
+    return detect_parsers(frontend.template.source)
 
 
 class NativeEngine:

@@ -371,6 +371,10 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], forms: TemplateForms
         if not isinstance(message, Mapping):
             raise FrontendError(f"messages[{index}] must be an object, got {type(message).__name__}")
         out = {key: value for key, value in message.items() if value is not None}
+        if "content" not in out and out.get("role") == "assistant" and out.get("tool_calls"):
+            # A tool-call turn without content (OpenAI's null) reads as "", as vLLM renders it:
+            # templates such as Qwen3's test `in content` on it and would fail on a missing key.
+            out["content"] = ""
         if "content" in out:
             out["content"] = adapt_content(out["content"], forms.content)
         calls = out.get("tool_calls")

@@ -27,7 +27,6 @@ from ..config import MAX_ACTIVE_LIMIT, ServerConfig
 from ..engine.base import Engine
 from ..engine.telemetry import EngineStats
 from ..errors import Error
-from ..frontend import parsers
 from ..request import GenerationDefaults
 from .admission import FrontendPool, HttpAdmission
 from .api.openai.errors import error_response as openai_error_response
@@ -35,6 +34,7 @@ from .metrics import ServerMetrics
 from .protocol import HttpConnection, HttpRequest, ProtocolLimits
 from .response import Response
 from .stream import EventDispatcher
+from .tool_calls import AUTO, OutputPlan, ToolChoice, output_plan
 
 log = logging.getLogger("flare.server")
 
@@ -62,6 +62,11 @@ def _with_hint(message: str, hint: str) -> str:
 
 
 _HEALTH_OK = Response.json(200, {"status": "ok"})
+
+
+def _served(option: str, model: str | None) -> str | None:
+    """A --tool-parser / --reasoning-parser option against the model's parser."""
+    return model if option == "auto" else None if option == "none" else option
 
 
 class ServerState:
@@ -95,9 +100,13 @@ class ServerState:
         self.listen_started: float | None = None  # monotonic
         self.is_draining = False  # shutting down: no new generation requests
         self.generations: set[Any] = set()  # ActiveGenerations, ended with an error event if the grace runs out
-        # The served model's output parser for chat routes (frontend/parsers); chosen
-        # from the core's frontend settings once parsers beyond plain exist.
-        self.output_parser = parsers.PLAIN
+        # The served model's output parsers for chat routes (frontend/parsers): the core's
+        # (or what a serve-time template implies) unless --tool-parser / --reasoning-parser.
+        self.tool_parser = _served(config.tool_parser, card.details.tool_parser)
+        self.reasoning_parser = _served(config.reasoning_parser, card.details.reasoning_parser)
+        if self.tool_parser or self.reasoning_parser:
+            log.info("output parsers: tool calls %s, reasoning %s", self.tool_parser or "none",
+                     self.reasoning_parser or "none")
         self._dispatcher: EventDispatcher | None = None
 
     @property
@@ -109,6 +118,11 @@ class ServerState:
 
     def seconds_since_listen(self) -> float:
         return 0.0 if self.listen_started is None else time.monotonic() - self.listen_started
+
+    def output_plan(self, tools, choice: ToolChoice = AUTO, *, reasoning: bool = True) -> OutputPlan:
+        """How a chat request's output is parsed (server/tool_calls.py); 400 for a tool choice
+        the served parsers cannot honour."""
+        return output_plan(self.tool_parser, self.reasoning_parser, tools, choice, reasoning=reasoning)
 
     def read_engine_stats(self) -> EngineStats:
         try:

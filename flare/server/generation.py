@@ -26,17 +26,19 @@ that arrived together is written with one ``transport.write``.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from ..errors import AdmissionError, Error, ExecutionError
 from ..frontend import parsers
-from ..frontend.parsers import ContentDelta, Delta, OutputAssembler, ParsedOutput
+from ..frontend.parsers import ContentDelta, Delta, OutputAssembler, ParsedOutput, ToolCallStart
 from ..request import ErrorEvent, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent, TokenLogprob, Usage
 from .protocol import HttpConnection, HttpRequest
 from .request_body import shorten
 from .response import Response
 from .stream import EventStream
+from .tool_calls import PLAIN_OUTPUT, OutputPlan
 
 if TYPE_CHECKING:  # NOTE: app.py imports the families, which import this module
     from .app import ErrorRenderer, ServerState
@@ -145,23 +147,26 @@ def as_error(error: BaseException) -> Error:
 
 async def generate(state: "ServerState", request: HttpRequest, conn: HttpConnection, fmt: GenerationFormat,
                    prepare: Callable[[], PreparedPrompt], resolve: SamplingResolver, *, stream: bool,
-                   parser: str = parsers.PLAIN) -> Response | None:
+                   output: OutputPlan = PLAIN_OUTPUT) -> Response | None:
     """Prepare, submit and answer one generation request (see the module docstring).
 
     ``prepare`` runs on a frontend worker; ``resolve`` turns the prompt length into
-    sampling parameters; ``parser`` names the output parser (frontend/parsers).
+    sampling parameters; ``output`` says how the output is parsed and carries the
+    grammar of a forced tool call (server/tool_calls.py).
     """
     prompt = await state.frontend.run(prepare)
     if conn.is_lost:
         return None  # the client left while its prompt was prepared
     params = resolve(len(prompt), state.engine.context_len, state.config.context_hint)
+    if output.grammar is not None:  # tool_choice required or named: the call's syntax is enforced
+        params = replace(params, grammar=output.grammar)
     grammar = None
     if params.grammar is not None:  # structured output: compiled on a worker too (GrammarError: 400)
         grammar = await state.frontend.run(partial(state.engine.prepare_grammar, params.grammar))
         if conn.is_lost:
             return None
     refuse_when_draining(state)  # it waited for a frontend worker while shutdown began
-    output_parser = parsers.get(parser)()
+    output_parser = output.parser(prompt)
     events = EventStream(state.dispatcher)
     ticket = state.engine.submit(prompt, params, events.sink, grammar)  # raises AdmissionError (400/503)
     active = ActiveGeneration(ticket, events)
@@ -182,6 +187,7 @@ async def generate(state: "ServerState", request: HttpRequest, conn: HttpConnect
         state.generations.discard(active)
         if not events.is_terminal_received:
             ticket.cancel()  # shutdown, disconnect or a failure here: free the model slot
+        state.metrics.num_tool_parse_failures += getattr(output_parser, "malformed", 0)
 
 
 class Timing:
@@ -231,8 +237,9 @@ async def _collect(state: "ServerState", request: HttpRequest, conn: HttpConnect
             elif isinstance(event, FinishEvent):
                 timing.on_end(now)
                 assembler.add(parser.finish())
-                return Response.json(200, fmt.whole(assembler.result(), logprobs if params.logprobs else None,
-                                                    event))
+                result = assembler.result()
+                state.metrics.num_tool_calls += len(result.tool_calls)
+                return Response.json(200, fmt.whole(result, logprobs if params.logprobs else None, event))
             elif isinstance(event, ErrorEvent):
                 timing.on_end(now)
                 return state.error_for(as_error(event.error), fmt.errors)
@@ -256,6 +263,12 @@ async def _stream(state: "ServerState", request: HttpRequest, conn: HttpConnecti
     delta_chunk = fmt.delta_chunk
     feed = None if parser.is_plain else parser.feed  # plain: each text is its own content delta
     write = conn.write
+    metrics = state.metrics
+
+    def count_calls(deltas: list) -> None:
+        for delta in deltas:
+            if type(delta) is ToolCallStart:
+                metrics.num_tool_calls += 1
 
     def deliver(batch: list) -> None:
         """Format a batch and write it with one transport write (dispatcher callback)."""
@@ -274,6 +287,7 @@ async def _stream(state: "ServerState", request: HttpRequest, conn: HttpConnecti
                     deltas = [ContentDelta(text)] if text else []
                 else:
                     deltas = feed(text) if text else []
+                    count_calls(deltas)
                     if not event.logprobs:
                         if deltas:
                             out.append(delta_chunk(deltas, None))
@@ -283,6 +297,7 @@ async def _stream(state: "ServerState", request: HttpRequest, conn: HttpConnecti
                 timing.on_end(time.monotonic())
                 if feed is not None:
                     held = parser.finish()
+                    count_calls(held)
                     if held:
                         out.append(delta_chunk(held, None))
                 out.append(fmt.finish_chunk(event))

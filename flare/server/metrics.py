@@ -116,6 +116,8 @@ class ServerMetrics:
         self.token_rate = TokenRate()
         self.num_requests = 0  # HTTP requests answered (any route)
         self.num_disconnects = 0  # generation responses cut short by the client
+        self.num_tool_parse_failures = 0  # model text that began like a tool call but did not parse
+        self.num_tool_calls = 0  # tool calls parsed out of model output
         self.num_responses_by_status: dict[int, int] = {}
         self.registry.register(_StateCollector(self))
 
@@ -159,6 +161,9 @@ class _StateCollector:
         yield _counter("http_requests", "HTTP requests answered.", metrics.num_requests)
         yield _counter("http_disconnects", "Generation responses cut short by a client disconnect.",
                        metrics.num_disconnects)
+        yield _counter("tool_calls", "Tool calls parsed out of model output.", metrics.num_tool_calls)
+        yield _counter("tool_call_parse_failures", "Model output that began like a tool call but did not parse "
+                                                   "(returned as content).", metrics.num_tool_parse_failures)
         responses = CounterMetricFamily(f"{PREFIX}http_responses", "HTTP responses by status code.", labels=["code"])
         for status, count in sorted(metrics.num_responses_by_status.items()):
             responses.add_metric([str(status)], count)

@@ -51,12 +51,23 @@ _FLAGS = (
     ("--generation-config", "generation_config", "request defaults: 'model' (the core's generation_config.json "
                                                  "values) or 'none' (OpenAI's: temperature 1, top_p 1)"),
     ("--chat-template", "chat_template", "a Jinja chat template FILE served instead of the core's"),
+    ("--tool-parser", "tool_parser", "tool-call parser: 'auto' (the core's, or what --chat-template implies), "
+                                     "'none', or a parser name (docs/api.md, Tool calls)"),
+    ("--reasoning-parser", "reasoning_parser", "reasoning parser: 'auto', 'none', or a parser name"),
 )
 # Switches: present means true.
 _SWITCHES = (
     ("--trust-request-chat-template", "trust_request_chat_template",
      "accept a 'chat_template' field in chat and /tokenize requests (rendered in the sandboxed VM)"),
 )
+
+
+def _parser_check(name: str, kind: str) -> tuple[bool, str]:
+    from ..frontend.parsers import parser_names
+
+    known = parser_names(kind)
+    return (name in ("auto", "none", *known),
+            f"{kind}_parser must be auto, none or one of {', '.join(known)}, got {name!r}")
 
 
 class ConfigError(Error):
@@ -203,6 +214,8 @@ def _validate(config: ServerConfig) -> None:
         (config.shutdown_grace_s >= 0, "shutdown_grace_s must be non-negative"),
         (config.generation_config in GENERATION_CONFIGS,
          f"generation_config must be one of {', '.join(GENERATION_CONFIGS)}, got {config.generation_config!r}"),
+        _parser_check(config.tool_parser, "tool"),
+        _parser_check(config.reasoning_parser, "reasoning"),
     )
     for ok, message in checks:
         if not ok:

@@ -163,6 +163,8 @@ def _client_to_template(messages: list[dict], forms: template_forms.TemplateForm
     """The client's messages in the forms the template takes (written independently of the server's code)."""
     out = copy.deepcopy(messages)
     for message in out:
+        if message.get("role") == "assistant" and message.get("tool_calls") and message.get("content") is None:
+            message["content"] = ""  # as vLLM does: templates read the content of a tool-call turn
         content = message.get("content")
         if forms.content == "string" and isinstance(content, list):
             message["content"] = "\n".join(part["text"] for part in content)

@@ -68,6 +68,10 @@ class OutputParser:
     # Every text is exactly one ContentDelta of itself and nothing is held back:
     # callers may skip ``feed`` and treat the text as content (the SSE hot path does).
     is_plain: ClassVar[bool] = False
+    kind: ClassVar[str] = ""  # "tool" or "reasoning" for the parsers that build() composes
+    # Outputs that began like a tool call but did not parse (tool parsers count them per
+    # instance; a parser that never gives up keeps this 0).
+    malformed: int = 0
 
     def feed(self, text: str) -> list[Delta]:
         """The deltas that ``text`` (the next piece of output) completes; [] while undecided."""

@@ -1,12 +1,19 @@
-"""Output parsers by name: one module per model family registers its class here."""
+"""Output parsers by name: one module per model family registers its class here.
+
+A tool-call parser's class has ``kind == "tool"`` and takes ``tools=`` (the request's
+declared tools); a reasoning parser's has ``kind == "reasoning"`` and takes ``opened=``
+(the prompt already opened its block). :func:`flare.frontend.parsers.build` composes one
+of each; ``get(name)()`` makes either alone with its defaults.
+"""
 
 from __future__ import annotations
 
 from typing import Callable, TypeVar
 
+from ...errors import FrontendError
 from .base import OutputParser
 
-ParserFactory = Callable[[], OutputParser]  # called once per request
+ParserFactory = Callable[..., OutputParser]  # called once per request
 _T = TypeVar("_T", bound=type)
 
 _PARSERS: dict[str, ParserFactory] = {}
@@ -33,3 +40,24 @@ def get(name: str) -> ParserFactory:
 def names() -> tuple[str, ...]:
     """Every registered parser's name, sorted."""
     return tuple(sorted(_PARSERS))
+
+
+def parser_names(kind: str) -> tuple[str, ...]:
+    """The names of the parsers of ``kind`` ("tool" or "reasoning"), sorted."""
+    return tuple(sorted(name for name, factory in _PARSERS.items() if getattr(factory, "kind", "") == kind))
+
+
+def tool_parser_names() -> tuple[str, ...]:
+    return parser_names("tool")
+
+
+def reasoning_parser_names() -> tuple[str, ...]:
+    return parser_names("reasoning")
+
+
+def check_parser_name(name: str, kind: str) -> str:
+    """``name`` when it names a parser of ``kind``; FrontendError (naming the known ones) otherwise."""
+    known = parser_names(kind)
+    if name not in known:
+        raise FrontendError(f"no {kind} parser named {name!r} (known: {', '.join(known)})")
+    return name

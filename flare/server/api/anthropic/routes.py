@@ -88,7 +88,7 @@ async def messages(state: "ServerState", request: HttpRequest, conn: HttpConnect
     check_model(state, body.model)
     fmt = MessageFormat(state, body)
     return await generate(state, request, conn, fmt, _prepare(state, body), fmt.resolve, stream=body.stream,
-                          parser=state.output_parser)
+                          output=state.output_plan(body.prompt.tools, body.tool_choice))
 
 
 async def count_tokens(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response:

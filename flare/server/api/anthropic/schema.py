@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from ....request import GenerationDefaults, GrammarRequest, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import shorten
+from ...tool_calls import AUTO, ToolChoice, check_one_constraint
 from ..openai.schema import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -69,6 +70,7 @@ class MessagesRequest:
     stop_sequences: tuple[str, ...] = ()
     stream: bool = False
     is_thinking_shown: bool = True  # thinking.display is not "omitted"
+    tool_choice: ToolChoice = AUTO
 
     def sampling_params(self, prompt_len: int, context_len: int, context_hint: str = "") -> SamplingParams:
         """Resolve max_tokens against the context; 400 when prompt + output do not fit."""
@@ -90,8 +92,9 @@ def parse_messages(body: Any, defaults: GenerationDefaults) -> MessagesRequest:
     _choice(body, "service_tier", ("auto", "standard_only"), "one service tier")
     _metadata(body.get("metadata"))
     stops = _stop_sequences(body.get("stop_sequences"))
-    model, prompt, is_shown = _prompt(body, max_tokens)
+    model, prompt, is_shown, choice = _prompt(body, max_tokens)
     grammar = _output_format(body)
+    check_one_constraint(choice, grammar)
     top_k = _int(body, "top_k", 0)
     if top_k is None:
         top_k = defaults.top_k
@@ -105,14 +108,15 @@ def parse_messages(body: Any, defaults: GenerationDefaults) -> MessagesRequest:
         "grammar": grammar,
     }
     return MessagesRequest(model=model, prompt=prompt, max_tokens=max_tokens, sampling=sampling,
-                           stop_sequences=stops, stream=_bool(body, "stream"), is_thinking_shown=is_shown)
+                           stop_sequences=stops, stream=_bool(body, "stream"), is_thinking_shown=is_shown,
+                           tool_choice=choice)
 
 
 def parse_count_tokens(body: Any) -> MessagesRequest:
     """Validate a /v1/messages/count_tokens body: the prompt fields of a Messages body."""
     body = _object(body)
     _check_fields(body, PROMPT_FIELDS)
-    model, prompt, is_shown = _prompt(body, None)
+    model, prompt, is_shown, _ = _prompt(body, None)
     _output_format(body)  # checked as on /v1/messages; the prompt does not change
     return MessagesRequest(model=model, prompt=prompt, is_thinking_shown=is_shown)
 
@@ -123,8 +127,8 @@ def _object(body: Any) -> dict[str, Any]:
     return body
 
 
-def _prompt(body: Mapping[str, Any], max_tokens: int | None) -> tuple[str, ChatPrompt, bool]:
-    """(model, the chat prompt, whether thinking is shown)."""
+def _prompt(body: Mapping[str, Any], max_tokens: int | None) -> tuple[str, ChatPrompt, bool, ToolChoice]:
+    """(model, the chat prompt, whether thinking is shown, the tool choice)."""
     model = body.get("model")
     if model is None:
         raise _invalid("'model' is required", "model")
@@ -140,10 +144,10 @@ def _prompt(body: Mapping[str, Any], max_tokens: int | None) -> tuple[str, ChatP
                            "message", "messages")
         options = {"add_generation_prompt": False, "continue_final_message": True}
     tools = _tools(body.get("tools"))
-    _tool_choice(body.get("tool_choice"))
+    choice = _tool_choice(body.get("tool_choice"))
     is_shown = _thinking(body.get("thinking"), max_tokens, options)
     _output_config(body.get("output_config"), options)
-    return model, ChatPrompt(messages, tools, options), is_shown
+    return model, ChatPrompt(messages, tools, options), is_shown, choice
 
 
 # -- tools and options -----------------------------------------------------------
@@ -183,20 +187,21 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     return out
 
 
-def _tool_choice(choice: Any) -> None:
-    """auto and none (tools are still rendered with none, as the OpenAI routes do)."""
+def _tool_choice(choice: Any) -> ToolChoice:
+    """auto, any (a call is required), tool (that one) and none (tools are still rendered, as
+    the OpenAI routes do); ``disable_parallel_tool_use`` allows one call."""
     if choice is None:
-        return
+        return AUTO
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise _invalid("'tool_choice' must be an object with type auto, any, tool or none", "tool_choice")
     kind = choice["type"]
-    if kind in ("any", "tool"):
-        raise _unsupported(f"tool_choice '{kind}' is not supported (it needs constrained decoding): use 'auto' "
-                           f"or 'none'", "tool_choice")
-    check_keys(choice, frozenset({"type", "disable_parallel_tool_use"} if kind == "auto" else {"type"}), "tool_choice")
-    if _bool(choice, "disable_parallel_tool_use"):
-        raise _unsupported("tool_choice.disable_parallel_tool_use is not supported: the model's tool calls are not "
-                           "limited to one", "tool_choice.disable_parallel_tool_use")
+    keys = {"auto": {"type", "disable_parallel_tool_use"}, "any": {"type", "disable_parallel_tool_use"},
+            "tool": {"type", "name", "disable_parallel_tool_use"}, "none": {"type"}}[kind]
+    check_keys(choice, frozenset(keys), "tool_choice")
+    parallel = not _bool(choice, "disable_parallel_tool_use")
+    if kind == "tool":
+        return ToolChoice("function", _name(choice.get("name"), "tool_choice.name"), parallel)
+    return ToolChoice({"any": "required"}.get(kind, kind), parallel=parallel)
 
 
 def _thinking(thinking: Any, max_tokens: int | None, options: dict[str, Any]) -> bool:

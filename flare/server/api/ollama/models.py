@@ -80,7 +80,7 @@ def capabilities(state: "ServerState") -> list[str]:
 
 def supports_thinking(state: "ServerState") -> bool:
     """Only an output parser beyond plain can report reasoning apart from the answer."""
-    return state.output_parser != "plain"
+    return state.reasoning_parser is not None
 
 
 def details(card: ModelCard) -> dict[str, Any]:

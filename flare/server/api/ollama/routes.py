@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ....errors import AdmissionError
-from ....frontend import parsers
 from ...generation import generate
 from ...protocol import HttpConnection, HttpRequest
 from ...request_body import decode_json
@@ -91,7 +90,7 @@ async def chat(state: "ServerState", request: HttpRequest, conn: HttpConnection)
     return await generate(state, request, conn, fmt,
                           lambda: engine.prepare_chat(gen.messages, tools=gen.tools, options=gen.chat_options,
                                                       chat_template=gen.chat_template),
-                          gen.sampling_params, stream=gen.stream, parser=state.output_parser)
+                          gen.sampling_params, stream=gen.stream, output=state.output_plan(gen.tools, gen.tool_choice))
 
 
 async def generate_route(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
@@ -103,10 +102,9 @@ async def generate_route(state: "ServerState", request: HttpRequest, conn: HttpC
     engine = state.engine
     if gen.is_raw:  # raw text in, raw text out, as /v1/completions
         return await generate(state, request, conn, fmt, lambda: engine.prepare_text(gen.prompt),
-                              gen.sampling_params, stream=gen.stream, parser=parsers.PLAIN)
+                              gen.sampling_params, stream=gen.stream)
     # Only a request that asked for thinking has its output parsed (Ollama's generate has no tool calls).
-    parser = state.output_parser if gen.think else parsers.PLAIN
     return await generate(state, request, conn, fmt,
                           lambda: engine.prepare_chat(gen.messages, tools=None, options=gen.chat_options,
                                                       chat_template=gen.chat_template),
-                          gen.sampling_params, stream=gen.stream, parser=parser)
+                          gen.sampling_params, stream=gen.stream, output=state.output_plan(None, reasoning=gen.think))

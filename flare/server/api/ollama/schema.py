@@ -20,12 +20,13 @@ and ``typical_p`` 1) are accepted at that value only.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ....errors import AdmissionError
 from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, SamplingParams
 from ...generation import resolve_max_tokens
+from ...tool_calls import AUTO, ToolChoice, check_one_constraint
 from ..openai.schema import (
     _bool,
     _check_fields,
@@ -37,6 +38,7 @@ from ..openai.schema import (
     _sampling,
     _tools,
     _unsupported,
+    openai_tool_choice,
 )
 from ..structured import ollama_format
 
@@ -83,6 +85,7 @@ class OllamaRequest:
     num_ctx: int | None = None  # options.num_ctx: the context this request may fill
     stream: bool = True
     is_load: bool = False  # nothing to generate (no prompt, no messages): Ollama's "load the model"
+    tool_choice: ToolChoice = AUTO  # options.tool_choice, Flare's extension
 
     @property
     def is_raw(self) -> bool:
@@ -253,9 +256,25 @@ def parse_chat(body: Any, defaults: GenerationDefaults, context_len: int) -> Oll
         raise _invalid("'messages' must be a list", "messages")
     converted = [chat_message(message, i) for i, message in enumerate(messages or [])]
     tools = _tools(body.get("tools"))
-    return _request(body, common, defaults, context_len, is_chat=True, messages=converted,
+    body, choice = _tool_choice(body)
+    check_one_constraint(choice, common["grammar"])
+    return _request(body, common, defaults, context_len, is_chat=True, messages=converted, tool_choice=choice,
                     tools=tools or None,  # Ollama: no tools and [] are the same (the SDK always sends [])
                     chat_options=_chat_options(common["think"]), is_load=not converted)
+
+
+def _tool_choice(body: dict[str, Any]) -> tuple[dict[str, Any], ToolChoice]:
+    """Flare's extension ``options.tool_choice`` (Ollama has none; the SDKs pass options through):
+    OpenAI chat's values. Returns the body without it and the choice."""
+    options = body.get("options")
+    if not isinstance(options, dict) or "tool_choice" not in options:
+        return body, AUTO
+    try:
+        choice = openai_tool_choice(options["tool_choice"], parallel=True)
+    except AdmissionError as exc:
+        raise _invalid(f"options.tool_choice: {exc.message}", "options.tool_choice") from None
+    rest = {key: value for key, value in options.items() if key != "tool_choice"}
+    return {**body, "options": rest}, replace(choice, param="options.tool_choice")
 
 
 def parse_generate(body: Any, defaults: GenerationDefaults, context_len: int) -> OllamaRequest:

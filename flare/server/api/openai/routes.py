@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from ....frontend import parsers
 from ...generation import check_model, generate
 from ...protocol import HttpConnection, HttpRequest
 from ...request_body import decode_json, shorten
@@ -51,7 +50,10 @@ def model_card(state: "ServerState") -> dict[str, Any]:
             "aliases": [name for name in (card.identifier, *card.served_names) if name and name != card.id],
             # the defaults requests get (the rest are OpenAI's), and where they come from
             "generation_config": state.config.generation_config,
-            "generation_defaults": state.generation_defaults.to_json(), **card.extra}
+            "generation_defaults": state.generation_defaults.to_json(),
+            # how chat output is parsed (frontend/parsers; null: not parsed for that)
+            "output_parsers": {"tool_calls": state.tool_parser, "reasoning": state.reasoning_parser},
+            **card.extra}
 
 
 def list_models(state: "ServerState") -> Response:
@@ -80,7 +82,7 @@ async def chat_completions(state: "ServerState", request: HttpRequest, conn: Htt
     return await generate(state, request, conn, ChatFormat(state, gen),
                           lambda: engine.prepare_chat(gen.messages, tools=gen.tools, options=gen.chat_options,
                                                       chat_template=gen.chat_template),
-                          gen.sampling_params, stream=gen.stream, parser=state.output_parser)
+                          gen.sampling_params, stream=gen.stream, output=state.output_plan(gen.tools, gen.tool_choice))
 
 
 async def completions(state: "ServerState", request: HttpRequest, conn: HttpConnection) -> Response | None:
@@ -89,4 +91,4 @@ async def completions(state: "ServerState", request: HttpRequest, conn: HttpConn
     engine = state.engine
     # Raw text in, raw text out: completions are never parsed for reasoning or tool calls.
     return await generate(state, request, conn, CompletionFormat(state, gen), lambda: engine.prepare_text(gen.prompt),
-                          gen.sampling_params, stream=gen.stream, parser=parsers.PLAIN)
+                          gen.sampling_params, stream=gen.stream)

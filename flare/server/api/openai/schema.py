@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import decode_json, shorten
+from ...tool_calls import AUTO, ToolChoice, check_one_constraint
 from ..refusals import invalid as _invalid
 from ..refusals import unsupported as _unsupported
 from ..structured import openai_grammar
@@ -63,6 +64,7 @@ class GenerationRequest:
     default_max_tokens: int | None = None  # the model's max_new_tokens, clamped to the room left
     stream: bool = False
     include_usage: bool = False
+    tool_choice: ToolChoice = AUTO
 
     def sampling_params(self, prompt_len: int, context_len: int, context_hint: str = "") -> SamplingParams:
         """Resolve max_tokens against the context; 400 when prompt + output do not fit."""
@@ -242,11 +244,8 @@ def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
     _check_fields(body, CHAT_FIELDS)
     prompt = chat_prompt(body)
     normalized, tools, options = prompt.messages, prompt.tools, prompt.options
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise _unsupported("only tool_choice 'auto' and 'none' are supported", "tool_choice")
-    if body.get("parallel_tool_calls") is not None:
-        _bool(body, "parallel_tool_calls")
+    parallel = _bool(body, "parallel_tool_calls") if body.get("parallel_tool_calls") is not None else True
+    choice = openai_tool_choice(body.get("tool_choice"), parallel)
     if body.get("store"):
         raise _unsupported("'store' is not supported", "store")
     logprobs = _bool(body, "logprobs")
@@ -259,10 +258,25 @@ def parse_chat(body: Any, defaults: GenerationDefaults) -> GenerationRequest:
     stream = _bool(body, "stream")
     sampling = _sampling(body, defaults)
     sampling.update(logprobs=logprobs, top_logprobs=top_logprobs or 0, grammar=openai_grammar(body))
+    check_one_constraint(choice, sampling["grammar"])
     return GenerationRequest(is_chat=True, model=_model(body), messages=normalized, tools=tools,
                              chat_options=options, chat_template=prompt.chat_template, sampling=sampling,
                              max_tokens=max_tokens, default_max_tokens=defaults.max_new_tokens, stream=stream,
-                             include_usage=_stream_options(body, stream))
+                             include_usage=_stream_options(body, stream), tool_choice=choice)
+
+
+def openai_tool_choice(choice: Any, parallel: bool) -> ToolChoice:
+    """Chat's ``tool_choice``: "auto", "none", "required" or {"type": "function", "function": {"name"}}."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return ToolChoice(choice or "auto", parallel=parallel)
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str) and name:
+            return ToolChoice("function", name, parallel)
+        raise _invalid("tool_choice.function must name the function", "tool_choice.function")
+    raise _invalid("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": "
+                   "{\"name\": ...}}", "tool_choice")
 
 
 def parse_completion(body: Any, defaults: GenerationDefaults) -> GenerationRequest:

@@ -56,7 +56,7 @@ async def create(state: "ServerState", store: ResponseStore, request: HttpReques
     return await generate(state, request, conn, ResponsesFormat(state, gen, store, earlier),
                           lambda: engine.prepare_chat(messages, tools=gen.tools, options=gen.options,
                                                       chat_template=None),
-                          gen.sampling_params, stream=gen.stream, parser=state.output_parser)
+                          gen.sampling_params, stream=gen.stream, output=state.output_plan(gen.tools, gen.tool_choice))
 
 
 def retrieve(store: ResponseStore, request: HttpRequest) -> Response:

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from ....request import MAX_TOP_LOGPROBS, GenerationDefaults, GrammarRequest, SamplingParams
 from ...generation import resolve_max_tokens
 from ...request_body import shorten
+from ...tool_calls import AUTO, ToolChoice, check_one_constraint
 from ..openai.schema import _bool, _check_fields, _int, _invalid, _name, _sampling, _unsupported
 from ..structured import text_format
 from .items import input_messages
@@ -68,6 +69,7 @@ class ResponsesRequest:
     stream: bool = False
     store: bool = True
     echo: dict[str, Any] = field(default_factory=dict)
+    tool_choice: ToolChoice = AUTO
 
     def prompt_messages(self, earlier: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
         """What the template renders: the instructions, the earlier turns, this input."""
@@ -115,13 +117,14 @@ def parse_responses(body: Any, defaults: GenerationDefaults) -> ResponsesRequest
         raise _invalid("'input' must hold at least one item", "input")
     tools, echo_tools = _tools(body.get("tools"))
     tool_choice = body.get("tool_choice")
-    if tool_choice not in (None, "auto", "none"):
-        raise _unsupported("only tool_choice 'auto' and 'none' are supported", "tool_choice")
+    parallel = _bool(body, "parallel_tool_calls", True)
+    choice = _tool_choice(tool_choice, parallel)
     logprobs = _include(body.get("include"))
     top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     sampling = _sampling({"temperature": body.get("temperature"), "top_p": body.get("top_p")}, defaults)
     grammar, text = _text(body.get("text"))
     sampling.update(logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs, grammar=grammar)
+    check_one_constraint(choice, grammar)
     options: dict[str, Any] = {"add_generation_prompt": True}
     reasoning = _reasoning(body.get("reasoning"))
     if reasoning.get("effort") is not None:
@@ -130,7 +133,7 @@ def parse_responses(body: Any, defaults: GenerationDefaults) -> ResponsesRequest
         "instructions": instructions,
         "tools": echo_tools,
         "tool_choice": tool_choice or "auto",
-        "parallel_tool_calls": _bool(body, "parallel_tool_calls", True),
+        "parallel_tool_calls": parallel,
         "max_tool_calls": _int(body, "max_tool_calls", 1),  # bounds built-in tool calls: there are none
         "text": text,
         "reasoning": reasoning,
@@ -145,7 +148,17 @@ def parse_responses(body: Any, defaults: GenerationDefaults) -> ResponsesRequest
                             instructions=instructions, previous_response_id=previous, tools=tools, options=options,
                             sampling=sampling, max_output_tokens=_int(body, "max_output_tokens", 1),
                             default_max_tokens=defaults.max_new_tokens, stream=stream,
-                            store=_bool(body, "store", True), echo=echo)
+                            store=_bool(body, "store", True), echo=echo, tool_choice=choice)
+
+
+def _tool_choice(choice: Any, parallel: bool) -> ToolChoice:
+    """"auto", "none", "required" or {"type": "function", "name": ...} (the Responses form)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return ToolChoice(choice or "auto", parallel=parallel)
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return ToolChoice("function", _name(choice.get("name"), "tool_choice.name"), parallel)
+    raise _invalid("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}",
+                   "tool_choice")
 
 
 def _refuse_unless(body: Mapping[str, Any], name: str, allowed: tuple[Any, ...], reason: str) -> None:
