@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -15,6 +16,7 @@ from ..core.format import Core, load_core
 from ..errors import FrontendError
 from ..frontend.annotations import sha256_hex
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings, read_template_file
+from ..frontend.parsers import served, syntax_of
 from ..frontend.parsers.detect import detect as detect_parsers
 from ..frontend.template.limits import TemplateLimits
 from ..request import (
@@ -106,9 +108,13 @@ def output_parsers(core: Core, frontend: Frontend) -> tuple[str | None, str | No
 class NativeEngine:
     """Implements flare.engine.base.Engine for a prepared core."""
 
-    def __init__(self, model: NativeModel, frontend: Frontend, served_names: Sequence[str] = ()):
+    def __init__(self, model: NativeModel, frontend: Frontend, served_names: Sequence[str] = (),
+                 special_markers: Mapping[str, int] | None = None):
         self.model = model
         self.frontend = frontend
+        # Output-parser markers that are special tokens (kept in the output text), by text:
+        # a forced tool call's grammar writes them as those tokens.
+        self.special_markers = dict(special_markers or {})
         self.request_templates = RequestTemplates(frontend)
         core = model.core
         self.context_len = model.context_len
@@ -140,8 +146,17 @@ class NativeEngine:
             f"tool-call arguments {frontend.forms.arguments}")
         capacity = (config.queue_capacity or 4 * (config.engine.max_active or core.contract.max_active)) \
             + (config.engine.max_active or core.contract.max_active)
-        model = NativeModel.load(core, config.engine, progress=say,
-                                 decoder_factory=frontend.incremental_decoder, capacity=capacity,
+        # The served output parsers' markers that are special tokens stay in the output text,
+        # which drops special tokens otherwise (vLLM keeps them for such parsers too).
+        parsers = [served(option, model_parser) for option, model_parser in
+                   zip((config.tool_parser, config.reasoning_parser), output_parsers(core, frontend))]
+        markers = frontend.tokenizer.special_token_ids(syntax_of(*parsers))
+        if markers:
+            say(f"output parsers {', '.join(p for p in parsers if p)}: special tokens kept in the output: "
+                f"{', '.join(markers)}")
+        decoder_factory = partial(frontend.incremental_decoder, keep=frozenset(markers.values()))
+        model = NativeModel.load(core, config.engine, progress=say, decoder_factory=decoder_factory,
+                                 capacity=capacity,
                                  capacity_hint=config.capacity_hint or core.contract.capacity_hint)
         # The grammar engine's token tries (0.2 s for a 49k vocabulary, 1 s for 128k) are built
         # before the server listens: building them holds the GIL, which would stall the event
@@ -152,7 +167,7 @@ class NativeEngine:
             say(f"structured output: grammar engine ready in {time.perf_counter() - started:.1f} s")
         else:
             log.warning("structured output is unavailable (constrained requests get a 400): %s", unavailable)
-        return cls(model, frontend, config.served_names)
+        return cls(model, frontend, config.served_names, markers)
 
     @property
     def failure(self):

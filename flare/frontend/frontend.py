@@ -245,8 +245,9 @@ class Frontend:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
-        return IncrementalDecoder(self.tokenizer, skip_special_tokens=skip_special_tokens)
+    def incremental_decoder(self, skip_special_tokens: bool = True,
+                            keep: frozenset[int] = frozenset()) -> IncrementalDecoder:
+        return IncrementalDecoder(self.tokenizer, skip_special_tokens=skip_special_tokens, keep=keep)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)

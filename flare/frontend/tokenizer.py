@@ -201,8 +201,31 @@ class Tokenizer:
             self._token_bytes[token_id] = value
         return value
 
-    def incremental_decoder(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
-        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+    def incremental_decoder(self, skip_special_tokens: bool = True,
+                            keep: frozenset[int] = frozenset()) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens, keep=keep)
+
+    def special_token_ids(self, texts: Iterable[str]) -> dict[str, int]:
+        """The texts among ``texts`` that are one special token each, with that token's id."""
+        out = {}
+        for text in texts:
+            token_id = self._inner.token_to_id(text)
+            if token_id is not None and token_id in self.special_ids:
+                out[text] = token_id
+        return out
+
+    def decode_keeping(self, ids: Sequence[int], keep: frozenset[int]) -> str:
+        """``decode(ids)`` without special tokens but those in ``keep``, which show as their text
+        (tokenizers decodes special tokens apart from the text around them, so the runs between
+        them decode as they would alone)."""
+        out, start = [], 0
+        for i, token_id in enumerate(ids):
+            if token_id in keep:
+                out.append(self.decode(ids[start:i]))
+                out.append(self._inner.id_to_token(token_id))
+                start = i + 1
+        out.append(self.decode(ids[start:]))
+        return "".join(out)
 
 
 class IncrementalDecoder:
@@ -231,11 +254,12 @@ class IncrementalDecoder:
     MAX_PENDING = 32
     MAX_STALLS = 8
 
-    __slots__ = ("_tokenizer", "_skip", "_ids", "_read", "_emitted", "_stalls", "_num_tokens")
+    __slots__ = ("_tokenizer", "_skip", "_keep", "_ids", "_read", "_emitted", "_stalls", "_num_tokens")
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, keep: frozenset[int] = frozenset()):
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
+        self._keep = keep  # special tokens whose text stays in the output (an output parser's markers)
         self._ids: list[int] = []  # the window: context tokens, then pending ones
         self._read = 0  # window[:_read] is context whose text was already returned
         self._emitted = 0  # characters of decode(window) already returned
@@ -282,6 +306,8 @@ class IncrementalDecoder:
         return delta
 
     def _decode(self) -> str:
+        if self._keep and self._skip and not self._keep.isdisjoint(self._ids):
+            return self._tokenizer.decode_keeping(self._ids, self._keep)
         return self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
 
     def flush(self) -> str:

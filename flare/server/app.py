@@ -27,6 +27,7 @@ from ..config import MAX_ACTIVE_LIMIT, ServerConfig
 from ..engine.base import Engine
 from ..engine.telemetry import EngineStats
 from ..errors import Error
+from ..frontend.parsers import served
 from ..request import GenerationDefaults
 from .admission import FrontendPool, HttpAdmission
 from .api.openai.errors import error_response as openai_error_response
@@ -64,11 +65,6 @@ def _with_hint(message: str, hint: str) -> str:
 _HEALTH_OK = Response.json(200, {"status": "ok"})
 
 
-def _served(option: str, model: str | None) -> str | None:
-    """A --tool-parser / --reasoning-parser option against the model's parser."""
-    return model if option == "auto" else None if option == "none" else option
-
-
 class ServerState:
     """What every route shares; lives on the event loop thread."""
 
@@ -102,8 +98,10 @@ class ServerState:
         self.generations: set[Any] = set()  # ActiveGenerations, ended with an error event if the grace runs out
         # The served model's output parsers for chat routes (frontend/parsers): the core's
         # (or what a serve-time template implies) unless --tool-parser / --reasoning-parser.
-        self.tool_parser = _served(config.tool_parser, card.details.tool_parser)
-        self.reasoning_parser = _served(config.reasoning_parser, card.details.reasoning_parser)
+        self.tool_parser = served(config.tool_parser, card.details.tool_parser)
+        self.reasoning_parser = served(config.reasoning_parser, card.details.reasoning_parser)
+        # parser markers that are special tokens (a forced call's grammar writes them as such)
+        self.special_markers: dict[str, int] = dict(getattr(engine, "special_markers", {}) or {})
         if self.tool_parser or self.reasoning_parser:
             log.info("output parsers: tool calls %s, reasoning %s", self.tool_parser or "none",
                      self.reasoning_parser or "none")
@@ -122,7 +120,8 @@ class ServerState:
     def output_plan(self, tools, choice: ToolChoice = AUTO, *, reasoning: bool = True) -> OutputPlan:
         """How a chat request's output is parsed (server/tool_calls.py); 400 for a tool choice
         the served parsers cannot honour."""
-        return output_plan(self.tool_parser, self.reasoning_parser, tools, choice, reasoning=reasoning)
+        return output_plan(self.tool_parser, self.reasoning_parser, tools, choice, reasoning=reasoning,
+                           special_tokens=self.special_markers)
 
     def read_engine_stats(self) -> EngineStats:
         try:

@@ -19,7 +19,7 @@ the form every family already hands the chat template.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import AdmissionError
 from ..frontend import parsers
@@ -69,10 +69,13 @@ PLAIN_OUTPUT = OutputPlan()
 
 
 def output_plan(tool_parser: str | None, reasoning_parser: str | None, tools: Sequence[dict[str, Any]] | None,
-                choice: ToolChoice = AUTO, *, reasoning: bool = True) -> OutputPlan:
+                choice: ToolChoice = AUTO, *, reasoning: bool = True,
+                special_tokens: Mapping[str, int] | None = None) -> OutputPlan:
     """The plan for a chat request: ``tool_parser`` and ``reasoning_parser`` are the served
     ones (None: none), ``reasoning`` False leaves thinking text in the content (Ollama
-    without ``think``). 400 when the choice cannot be honoured."""
+    without ``think``), ``special_tokens`` the parser markers that are special tokens
+    (text -> id: a forced call writes them as those tokens). 400 when the choice cannot be
+    honoured."""
     reasoning_name = reasoning_parser if reasoning else None
     tools = tuple(tools) if tools else ()
     if choice.mode == "none" or not tools:
@@ -91,7 +94,8 @@ def output_plan(tool_parser: str | None, reasoning_parser: str | None, tools: Se
             raise AdmissionError(f"tool_choice names the function '{choice.name}', which is not among the "
                                  f"request's tools ({', '.join(map(str, names))})", status=400,
                                  code="invalid_request_error", param=choice.param)
-        text = parsers.get(tool_parser).tool_grammar(list(tools), name=choice.name, parallel=choice.parallel)
+        text = parsers.get(tool_parser).tool_grammar(list(tools), name=choice.name, parallel=choice.parallel,
+                                                     special_tokens=special_tokens)
         grammar = GrammarRequest("grammar", text, param=choice.param)
     return OutputPlan(tool_parser, reasoning_name, tools, grammar, single_call=not choice.parallel)
 

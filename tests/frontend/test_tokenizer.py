@@ -130,6 +130,28 @@ def test_special_tokens_skipped_or_kept(tokenizers_by_name):
     assert decoder.num_tokens == len(ids)
 
 
+@pytest.mark.parametrize("name", ["smollm2", "qwen2", "llama-spm"])
+def test_kept_special_tokens_show_and_the_others_stay_skipped(tokenizers_by_name, name):
+    """An output parser's special markers stay in the text (decode_keeping); any other special
+    token is still dropped, and the text around them decodes as a full decode would."""
+    tokenizer = tokenizers_by_name[name]
+    specials = sorted(tokenizer.special_ids)[:2]
+    texts = [tokenizer.backend.id_to_token(t) for t in specials]
+    assert tokenizer.special_token_ids(texts + ["not a token"]) == dict(zip(texts, specials))
+    kept, dropped = specials[0], specials[-1]
+    rng = random.Random(name)
+    for _ in range(20):
+        ids = (tokenizer.encode(rng.choice(TEXTS)) + [kept] + tokenizer.encode(rng.choice(TEXTS)) + [dropped]
+               + tokenizer.encode(rng.choice(TEXTS)))
+        expected = tokenizer.decode_keeping(ids, frozenset({kept}))
+        parts = [tokenizer.decode(ids[:ids.index(kept)]), texts[0]]
+        assert expected.startswith("".join(parts)) and expected.count(texts[0]) >= 1
+        if kept != dropped:
+            assert texts[1] not in expected.replace(texts[0], "")
+        cuts = sorted(rng.sample(range(1, len(ids)), k=min(len(ids) - 1, 6)))
+        assert "".join(_stream(tokenizer.incremental_decoder(keep=frozenset({kept})), ids, cuts)) == expected
+
+
 def test_token_bytes_concatenate_to_the_text(tokenizers_by_name):
     for name in ("smollm2", "qwen2", "llama-spm", "gemma-4"):
         tokenizer = tokenizers_by_name[name]

@@ -32,6 +32,8 @@ from .registry import (
                        parser_names,
                        reasoning_parser_names,
                        register,
+                       served,
+                       syntax_of,
                        tool_parser_names,
 )
 from .stream import StreamParser
@@ -42,4 +44,5 @@ PLAIN = "plain"
 __all__ = ["ComposedParser", "ContentDelta", "Delta", "OutputAssembler", "OutputParser", "PLAIN", "ParsedOutput",
            "ParserFactory", "ReasoningDelta", "StreamParser", "ToolCall", "ToolCallArguments", "ToolCallEnd",
            "ToolCallStart", "ToolParser", "build", "check_parser_name", "detect", "get", "names", "parser_names",
-           "reasoning_opened", "reasoning_parser_names", "register", "tool_parser_names"]
+           "reasoning_opened", "reasoning_parser_names", "register", "served", "syntax_of",
+           "tool_parser_names"]

@@ -69,6 +69,10 @@ class OutputParser:
     # callers may skip ``feed`` and treat the text as content (the SSE hot path does).
     is_plain: ClassVar[bool] = False
     kind: ClassVar[str] = ""  # "tool" or "reasoning" for the parsers that build() composes
+    # Every marker text of the family's syntax: those that are special tokens of the served
+    # tokenizer stay in the decoded output (which drops special tokens otherwise), so the
+    # parser sees them, and a forced call's grammar writes them as those tokens.
+    syntax: ClassVar[tuple[str, ...]] = ()
     # Outputs that began like a tool call but did not parse (tool parsers count them per
     # instance; a parser that never gives up keeps this 0).
     malformed: int = 0

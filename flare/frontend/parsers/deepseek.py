@@ -39,6 +39,7 @@ class _DeepSeekParser(ToolParser):
 
     __slots__ = ()
     markers = (CALLS,)
+    syntax = (CALLS, CALLS_END, CALL, SEPARATOR, CALL_END)
 
     def _section(self) -> Reader:
         calls = 0

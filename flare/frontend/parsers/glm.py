@@ -41,6 +41,7 @@ class GlmParser(ToolParser):
     __slots__ = ("_properties",)
     name = "glm45"
     markers = (OPEN,)
+    syntax = (OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END)
 
     def __init__(self, tools: list[dict] | None = None):
         super().__init__(tools)

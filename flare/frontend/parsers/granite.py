@@ -27,6 +27,7 @@ class GraniteParser(ToolParser):
     __slots__ = ()
     name = "granite"
     markers = (MARKER,)
+    syntax = (MARKER,)
 
     def _section(self) -> Reader:
         yield from self._skip_ws()

@@ -31,6 +31,7 @@ class HermesParser(ToolParser):
     __slots__ = ()
     name = "hermes"
     markers = (OPEN,)
+    syntax = (OPEN, CLOSE)
 
     def _section(self) -> Reader:
         yield from self._skip_ws()

@@ -32,6 +32,7 @@ class KimiParser(ToolParser):
     __slots__ = ()
     name = "kimi_k2"
     markers = (SECTION,)
+    syntax = (SECTION, SECTION_END, CALL, ARGUMENTS, CALL_END)
 
     def _section(self) -> Reader:
         calls = 0

@@ -29,6 +29,7 @@ class Llama3JsonParser(ToolParser):
 
     __slots__ = ()
     name = "llama3_json"
+    syntax = (PYTHON_TAG,)
 
     def _main(self) -> Reader:
         leading = yield from self._skip_ws()

@@ -41,6 +41,7 @@ class MistralParser(ToolParser):
     __slots__ = ()
     name = "mistral"
     markers = (MARKER,)
+    syntax = (MARKER, CALL_ID, ARGS)
 
     @staticmethod
     def new_call_id() -> str:

@@ -49,6 +49,7 @@ class Qwen3CoderParser(ToolParser):
     __slots__ = ("_properties",)
     name = "qwen3_coder"
     markers = (OPEN,)
+    syntax = (OPEN, CLOSE)
 
     def __init__(self, tools: list[dict] | None = None):
         super().__init__(tools)

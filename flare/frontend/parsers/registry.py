@@ -55,6 +55,17 @@ def reasoning_parser_names() -> tuple[str, ...]:
     return parser_names("reasoning")
 
 
+def served(option: str, model: str | None) -> str | None:
+    """The parser served for a --tool-parser / --reasoning-parser ``option`` ("auto": the
+    model's, "none": None, else the name given) against the model's own parser."""
+    return model if option == "auto" else None if option == "none" else option
+
+
+def syntax_of(*parsers: str | None) -> tuple[str, ...]:
+    """The marker texts of the named parsers' syntax (None: no parser)."""
+    return tuple(text for name in parsers if name for text in getattr(get(name), "syntax", ()))
+
+
 def check_parser_name(name: str, kind: str) -> str:
     """``name`` when it names a parser of ``kind``; FrontendError (naming the known ones) otherwise."""
     known = parser_names(kind)

@@ -30,6 +30,7 @@ class ThinkParser(StreamParser):
 
     __slots__ = ("opened", "_passing")
     name = "think"
+    syntax = (OPEN, CLOSE)
     kind = "reasoning"
     open_tag: ClassVar[str] = OPEN
     close_tag: ClassVar[str] = CLOSE
@@ -95,3 +96,4 @@ class MistralThinkParser(ThinkParser):
     name = "mistral_think"
     open_tag = "[THINK]"
     close_tag = "[/THINK]"
+    syntax = ("[THINK]", "[/THINK]")
