@@ -287,3 +287,25 @@ def test_a_template_that_does_not_compile_stops_the_cli_export(checkpoint, tmp_p
     assert not (tmp_path / "core").exists()
     missing = _cli_export(checkpoint, tmp_path / "core2", "--chat-template", str(tmp_path / "nope.jinja"))
     assert missing.returncode == 2 and "cannot read chat template" in missing.stderr
+
+
+# -- output parsers: chosen from the exported template, recorded in core.json, shown by info
+
+def test_export_records_the_parsers_the_template_implies_and_info_shows_them(checkpoint, tmp_path):
+    from flare import fixtures
+
+    template = fixtures.ensure_fixtures() / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    run = _cli_export(checkpoint, tmp_path / "core", "--chat-template", str(template))
+    assert run.returncode == 0, run.stderr
+    assert "output parsers: tool calls hermes, reasoning think" in run.stderr + run.stdout
+    frontend = json.loads((tmp_path / "core" / "core.json").read_text())["contract"]["frontend"]
+    assert (frontend["tool_parser"], frontend["reasoning_parser"]) == ("hermes", "think")
+    info = subprocess.run([sys.executable, "-m", "flare.cli", "info", str(tmp_path / "core"), "--no-verify"],
+                          capture_output=True, text=True)
+    assert info.returncode == 0 and "output parsers: tool calls hermes, reasoning think" in info.stdout
+    override = _cli_export(checkpoint, tmp_path / "core2", "--chat-template", str(template), "--tool-parser",
+                           "none", "--reasoning-parser", "none")
+    frontend = json.loads((tmp_path / "core2" / "core.json").read_text())["contract"]["frontend"]
+    assert override.returncode == 0 and (frontend["tool_parser"], frontend["reasoning_parser"]) == (None, None)
+    unknown = _cli_export(checkpoint, tmp_path / "core3", "--tool-parser", "nope")
+    assert unknown.returncode == 2 and "no tool parser named 'nope'" in unknown.stderr
