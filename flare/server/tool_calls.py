@@ -89,13 +89,23 @@ def output_plan(tool_parser: str | None, reasoning_parser: str | None, tools: Se
             raise AdmissionError(f"tool_choice '{choice.mode}' needs a tool-call parser, and the served model has "
                                  f"none (start flare-serve with --tool-parser NAME)", status=400,
                                  code="unsupported_parameter", param=choice.param)
+        for index, tool in enumerate(tools):
+            parameters = tool["function"].get("parameters")
+            if parameters is not None and not isinstance(parameters, dict):
+                raise AdmissionError(f"tools[{index}].function.parameters must be a JSON Schema object to force a "
+                                     f"call", status=400, code="invalid_request_error",
+                                     param=f"tools[{index}].function.parameters")
         names = [tool_name(tool) for tool in tools]
         if choice.mode == "function" and choice.name not in names:
             raise AdmissionError(f"tool_choice names the function '{choice.name}', which is not among the "
                                  f"request's tools ({', '.join(map(str, names))})", status=400,
                                  code="invalid_request_error", param=choice.param)
-        text = parsers.get(tool_parser).tool_grammar(list(tools), name=choice.name, parallel=choice.parallel,
-                                                     special_tokens=special_tokens)
+        try:
+            text = parsers.get(tool_parser).tool_grammar(list(tools), name=choice.name, parallel=choice.parallel,
+                                                         special_tokens=special_tokens)
+        except ValueError as exc:  # a tool the family's syntax cannot force
+            raise AdmissionError(f"tool_choice '{choice.mode}' cannot be forced: {exc}", status=400,
+                                 code="invalid_request_error", param=choice.param) from None
         grammar = GrammarRequest("grammar", text, param=choice.param)
     return OutputPlan(tool_parser, reasoning_name, tools, grammar, single_call=not choice.parallel)
 

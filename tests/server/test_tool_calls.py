@@ -232,6 +232,11 @@ def test_a_call_that_does_not_parse_is_content_and_counted(served):
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
      "cannot be combined"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}], "tool_choice": "required"},
+     "must be a JSON Schema object"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}],
+      "tool_choice": "required"}, "uniqueItems"),
 ])
 def test_tool_choices_that_cannot_be_honoured_are_400(served, body, needle):
     status, payload = post_json(served, "/v1/chat/completions", {"model": served.model, "messages": ASK, **body})
