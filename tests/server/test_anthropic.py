@@ -300,9 +300,9 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
     ({"messages": []}, "messages"),
     ({"messages": USER + [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
                                                             "input": {}}]}]}, "tool_result"),
-    ({"tool_choice": {"type": "any"}}, "tool_choice 'any'"),
-    ({"tool_choice": {"type": "tool", "name": "weather"}}, "tool_choice 'tool'"),
-    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}, "disable_parallel_tool_use"),
+    ({"tool_choice": {"type": "any"}}, "needs at least one tool"),
+    ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    ({"tool_choice": {"type": "none", "disable_parallel_tool_use": True}}, "disable_parallel_tool_use"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
     ({"tools": [{**ANTHROPIC_TOOLS[0], "strict": True}]}, "strict"),
     ({"tools": [{**ANTHROPIC_TOOLS[0], "defer_loading": True}]}, "defer_loading"),
@@ -480,6 +480,10 @@ class ThinkThenCall(OutputParser):
     """Every piece is reasoning; the output ends with a sentence and one tool call."""
 
     name = "test-think-then-call"
+    kind = "reasoning"  # served as the reasoning parser: every chat request goes through it
+
+    def __init__(self, opened=False):
+        pass
 
     def feed(self, text):
         return [ReasoningDelta(text)]
@@ -493,7 +497,7 @@ class ThinkThenCall(OutputParser):
 def parsed(monkeypatch, launcher, fake_only):
     monkeypatch.setattr(registry, "_PARSERS", {**registry._PARSERS, ThinkThenCall.name: ThinkThenCall})
     served = launcher(tokens_per_s=0)
-    served.session._server.state.output_parser = ThinkThenCall.name
+    served.session._server.state.reasoning_parser = ThinkThenCall.name
     return served
 
 

@@ -404,6 +404,10 @@ class ThinkThenCall(OutputParser):
     """Every piece is reasoning; the output ends with one tool call (its arguments in two fragments)."""
 
     name = "test-ollama-think-then-call"
+    kind = "reasoning"  # served as the reasoning parser: every chat request goes through it
+
+    def __init__(self, opened=False):
+        pass
 
     def feed(self, text):
         return [ReasoningDelta(text)]
@@ -417,7 +421,7 @@ class ThinkThenCall(OutputParser):
 def test_thinking_and_tool_calls_reach_ollama_fields(monkeypatch, fake_only):
     monkeypatch.setattr(registry, "_PARSERS", {**registry._PARSERS, ThinkThenCall.name: ThinkThenCall})
     session = Server.start(FakeEngine(FakeEngineConfig(tokens_per_s=0)), ServerConfig(host="127.0.0.1", port=0))
-    session._server.state.output_parser = ThinkThenCall.name
+    session._server.state.reasoning_parser = ThinkThenCall.name
     try:
         served = Served("fake", session.base_url, session=session, model=session.engine.card.id)
         client = _client(served)

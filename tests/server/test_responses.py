@@ -310,6 +310,10 @@ class ReasonThenCall(OutputParser):
     """Every piece is reasoning; the output ends with one tool call."""
 
     name = "test-responses-reason-then-call"
+    kind = "reasoning"  # served as the reasoning parser: every chat request goes through it
+
+    def __init__(self, opened=False):
+        pass
 
     def feed(self, text):
         return [ReasoningDelta(text)]
@@ -323,7 +327,7 @@ class ReasonThenCall(OutputParser):
 def test_parser_deltas_become_reasoning_message_and_function_call_items(launcher, fake_only, monkeypatch):
     monkeypatch.setattr(registry, "_PARSERS", {**registry._PARSERS, ReasonThenCall.name: ReasonThenCall})
     served = launcher()
-    served.session._server.state.output_parser = ReasonThenCall.name
+    served.session._server.state.reasoning_parser = ReasonThenCall.name
     whole = _create(served, input="hi")
     assert [item.type for item in whole.output] == ["reasoning", "message", "function_call"]
     assert whole.output[0].content[0].text == "You said: hi" and whole.output_text == "ok"

@@ -33,6 +33,7 @@ from flare.server import session as session_module
 from flare.server.api import openai
 from flare.server.generation import generate
 from flare.server.response import Response
+from flare.server.tool_calls import OutputPlan
 from flare.testing.fake_engine import FakeEngine, FakeEngineConfig
 
 KEY = "family-key"
@@ -84,7 +85,8 @@ def _toy_install(router, state) -> None:
         return await generate(state, request, conn, ToyFormat(), lambda: state.engine.prepare_text(body["prompt"]),
                               lambda prompt_len, context_len, hint: SamplingParams(max_tokens=max_tokens,
                                                                                    ignore_eos=True),
-                              stream=bool(body.get("stream")), parser=body.get("parser", "plain"))
+                              stream=bool(body.get("stream")),
+                              output=OutputPlan(reasoning_parser=body.get("parser")))
 
     router.add("POST", "/toy/generate", generate_route, generation=True, errors=toy_errors)
 
@@ -93,6 +95,10 @@ class ReasonThenCall(OutputParser):
     """Every piece is reasoning; the output ends with one tool call."""
 
     name = "test-reason-then-call"
+    kind = "reasoning"  # served as the reasoning parser: every chat request goes through it
+
+    def __init__(self, opened=False):
+        pass
 
     def feed(self, text):
         return [ReasoningDelta(text)]
@@ -157,7 +163,7 @@ def test_a_family_streams_and_collects_through_the_shared_layer(served):
 
 
 def test_openai_chat_formats_reasoning_and_tool_call_deltas(served):
-    served.session._server.state.output_parser = ReasonThenCall.name
+    served.session._server.state.reasoning_parser = ReasonThenCall.name
     chat = {"model": served.model, "messages": [{"role": "user", "content": "hi"}]}
     status, _, body = request(served, "POST", "/v1/chat/completions", chat)
     message = json.loads(body)["choices"][0]
