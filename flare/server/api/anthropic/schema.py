@@ -175,7 +175,8 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(schema, dict):
             raise _invalid(f"{where}.input_schema must be a JSON schema object", f"{where}.input_schema")
         function["parameters"] = schema
-        for key, default, why in (("strict", False, "strict tool use needs constrained decoding"),
+        for key, default, why in (("strict", False, "unforced calls are not schema-constrained (tool_choice any "
+                                                        "or tool constrains a call's input to its schema)"),
                                   ("defer_loading", False, "tool search is not served"),
                                   ("input_examples", [], "tool input examples are not rendered"),
                                   ("eager_input_streaming", None, "tool input streams as the model writes it"),
