@@ -23,9 +23,8 @@ from typing import Mapping
 
 from .grammar import Lark
 from .registry import register
-from .schemas import declared_type, functions, property_schemas
-from .toolcall import MAX_NAME_CHARS, Reader, ToolParser
-from .values import to_json
+from .schemas import functions
+from .toolcall import MAX_NAME_CHARS, Reader, TextValuesParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY, KEY_END = "<arg_key>", "</arg_key>"
@@ -35,17 +34,13 @@ _NAME = re.compile(r"[^<>\n]*")
 
 
 @register("glm45")
-class GlmParser(ToolParser):
+class GlmParser(TextValuesParser):
     """``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>``."""
 
-    __slots__ = ("_properties",)
+    __slots__ = ()
     name = "glm45"
     markers = (OPEN,)
     syntax = (OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END)
-
-    def __init__(self, tools: list[dict] | None = None):
-        super().__init__(tools)
-        self._properties = property_schemas(self.tools)
 
     def _section(self) -> Reader:
         yield from self._skip_ws()
@@ -72,7 +67,7 @@ class GlmParser(ToolParser):
                 self._start_call(name)
                 separator = "{"
             self._arguments(f"{separator}{json.dumps(key[0].strip(), ensure_ascii=False)}: ")
-            if not (yield from self._value(declared.get(key[0].strip()))):
+            if (yield from self._text_value(declared.get(key[0].strip()), (VALUE_END,))) is None:
                 return False
             separator, stop = ", ", ""
         if separator is None:
@@ -82,22 +77,6 @@ class GlmParser(ToolParser):
             self._end_call()
         yield from self._skip_ws()
         return True
-
-    def _value(self, schema: dict | None) -> Reader:
-        if declared_type(schema) == "string":
-            self._arguments('"')
-            if (yield from self._until((VALUE_END,), sink=self._string_piece)) is None:
-                return False
-            self._arguments('"')
-            return True
-        value = yield from self._until((VALUE_END,))
-        if value is None:
-            return False
-        self._arguments(to_json(value[0], schema))
-        return True
-
-    def _string_piece(self, piece: str) -> None:
-        self._arguments(json.dumps(piece, ensure_ascii=False)[1:-1])
 
     @classmethod
     def tool_grammar(cls, tools: list[dict], *, name: str | None = None, parallel: bool = True,

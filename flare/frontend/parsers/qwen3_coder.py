@@ -29,9 +29,8 @@ from typing import Mapping
 
 from .grammar import Lark
 from .registry import register
-from .schemas import declared_type, functions, property_schemas
-from .toolcall import MAX_NAME_CHARS, Reader, ToolParser
-from .values import to_json
+from .schemas import functions
+from .toolcall import MAX_NAME_CHARS, Reader, TextValuesParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -43,17 +42,13 @@ _NAME = re.compile(r"[^<>\n]*")
 
 
 @register("qwen3_coder")
-class Qwen3CoderParser(ToolParser):
+class Qwen3CoderParser(TextValuesParser):
     """``<tool_call><function=NAME><parameter=P>VALUE</parameter>...</function></tool_call>``."""
 
-    __slots__ = ("_properties",)
+    __slots__ = ()
     name = "qwen3_coder"
     markers = (OPEN,)
     syntax = (OPEN, CLOSE)
-
-    def __init__(self, tools: list[dict] | None = None):
-        super().__init__(tools)
-        self._properties = property_schemas(self.tools)
 
     def _section(self) -> Reader:
         yield from self._skip_ws()
@@ -95,23 +90,9 @@ class Qwen3CoderParser(ToolParser):
         return True
 
     def _value(self, schema: dict | None) -> Reader:
-        """Send one parameter's value; the text that ended it, or None when nothing did."""
+        """Send one parameter's value (it starts on a new line); the text that ended it, or None."""
         yield from self._literal("\n")
-        if declared_type(schema) == "string":
-            self._arguments('"')
-            ended = yield from self._until(VALUE_ENDS, sink=self._string_piece)
-            if ended is None:
-                return None
-            self._arguments('"')
-            return ended[1]
-        ended = yield from self._until(VALUE_ENDS)
-        if ended is None:
-            return None
-        self._arguments(to_json(ended[0], schema))
-        return ended[1]
-
-    def _string_piece(self, piece: str) -> None:
-        self._arguments(json.dumps(piece, ensure_ascii=False)[1:-1])
+        return (yield from self._text_value(schema, VALUE_ENDS))
 
     @classmethod
     def tool_grammar(cls, tools: list[dict], *, name: str | None = None, parallel: bool = True,

@@ -25,7 +25,9 @@ import secrets
 from typing import ClassVar, Mapping
 
 from .base import ContentDelta, ToolCallArguments, ToolCallEnd, ToolCallStart
+from .schemas import declared_type, property_schemas
 from .stream import Reader, StreamParser
+from .values import to_json
 
 ARGUMENT_KEYS = ("arguments", "parameters")  # Llama writes "parameters", everyone else "arguments"
 MAX_NAME_CHARS = 256  # of a function name or call ID read outside JSON
@@ -261,6 +263,36 @@ class ToolParser(StreamParser):
         if not is_json_object(arguments):
             self.malformed += 1
         self._end_call()
+
+
+class TextValuesParser(ToolParser):
+    """A family whose calls write each parameter's value as plain text (Qwen3-Coder, GLM):
+    the value goes out as JSON by the parameter's declared type (the request's tools)."""
+
+    __slots__ = ("_properties",)
+
+    def __init__(self, tools: list[dict] | None = None):
+        super().__init__(tools)
+        self._properties = property_schemas(self.tools)  # function name -> parameter -> schema
+
+    def _text_value(self, schema: dict | None, ends: tuple[str, ...]) -> Reader:
+        """Send one value as JSON, up to the first of ``ends``; the end it met, or None when
+        none came. A declared string streams as it is written; anything else goes whole."""
+        if declared_type(schema) == "string":
+            self._arguments('"')
+            ended = yield from self._until(ends, sink=self._string_piece)
+            if ended is None:
+                return None
+            self._arguments('"')
+            return ended[1]
+        ended = yield from self._until(ends)
+        if ended is None:
+            return None
+        self._arguments(to_json(ended[0], schema))
+        return ended[1]
+
+    def _string_piece(self, piece: str) -> None:
+        self._arguments(json.dumps(piece, ensure_ascii=False)[1:-1])
 
 
 def is_json_object(text: str) -> bool:
