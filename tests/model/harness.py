@@ -63,8 +63,8 @@ class Harness:
     def close(self) -> None:
         self.executor.close()
 
-    def run(self, kind: GraphKind, batch: int, tokens: int = 1):
-        graph = self.contract.graph(kind, batch, tokens)
+    def run(self, kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False):
+        graph = self.contract.graph(kind, batch, tokens, greedy)
         self.executor.submit(graph.index, self.inputs.take())
         done = self.executor.poll(timeout=120)
         assert done is not None and done.error is None, done and done.error
@@ -177,7 +177,7 @@ def check_held_decode(h: Harness, prompt: np.ndarray, steps: int = 6, *, greedy_
             h.alloc_pages(1, h.position(1) + 2)
             h.inputs.set_rows([1], 1)
             if mode == "whole":
-                done = h.run(GraphKind.DECODE, 1) if not greedy_graph else _submit_whole(h, graph)
+                done = h.run(GraphKind.DECODE, 1, greedy=greedy_graph)
             else:
                 fence = h.executor.submit(graph.index, h.inputs.take(), grammar_constrained=True)
                 assert h.executor.poll(timeout=0.05) is None and not h.executor.can_submit()
@@ -192,9 +192,3 @@ def check_held_decode(h: Harness, prompt: np.ndarray, steps: int = 6, *, greedy_
     assert held == whole
     assert forced[1:] == [(t + 1) % vocab for t in whole[1:]]
 
-
-def _submit_whole(h: Harness, graph):
-    h.executor.submit(graph.index, h.inputs.take())
-    done = h.executor.poll(timeout=120)
-    assert done is not None and done.error is None
-    return done

@@ -216,7 +216,7 @@ def test_greedy_decode_variant_matches_the_general_sampler(tiny):
         for _ in range(8):
             h.alloc_pages(1, h.position(1) + 2)
             h.inputs.set_rows([1], 1)
-            done = h.run(GraphKind.DECODE, 1) if not greedy else _run_greedy(h)
+            done = h.run(GraphKind.DECODE, 1, greedy=greedy)
             tokens.append(int(done.records[1, 16]))
         runs.append(tokens)
     assert runs[0] == runs[1]
@@ -225,14 +225,6 @@ def test_greedy_decode_variant_matches_the_general_sampler(tiny):
 @pytest.mark.parametrize("greedy_graph", [False, True], ids=["general", "greedy"])
 def test_a_held_decode_step_samples_with_the_masks_of_its_release(tiny, greedy_graph):
     check_held_decode(tiny[1], _prompt(33, 40), greedy_graph=greedy_graph)
-
-
-def _run_greedy(h):
-    graph = h.contract.graph(GraphKind.DECODE, 1, greedy=True)
-    h.executor.submit(graph.index, h.inputs.take())
-    done = h.executor.poll(timeout=120)
-    assert done is not None and done.error is None
-    return done
 
 
 @pytest.mark.parametrize("scaling", [None, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
