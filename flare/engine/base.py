@@ -40,6 +40,9 @@ class Engine(Protocol):
     # The model's request defaults (its generation_config.json, recorded in the core); the
     # server applies them unless --generation-config none.
     generation_defaults: GenerationDefaults
+    # The served output parsers' markers that are special tokens (text -> id): they stay in the
+    # output text, and a forced tool call's grammar writes them as those tokens.
+    special_markers: Mapping[str, int]
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
                      options: Mapping[str, Any], chat_template: str | None = None) -> PreparedPrompt:

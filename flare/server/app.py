@@ -101,7 +101,7 @@ class ServerState:
         self.tool_parser = served(config.tool_parser, card.details.tool_parser)
         self.reasoning_parser = served(config.reasoning_parser, card.details.reasoning_parser)
         # parser markers that are special tokens (a forced call's grammar writes them as such)
-        self.special_markers: dict[str, int] = dict(getattr(engine, "special_markers", {}) or {})
+        self.special_markers = dict(engine.special_markers)
         if self.tool_parser or self.reasoning_parser:
             log.info("output parsers: tool calls %s, reasoning %s", self.tool_parser or "none",
                      self.reasoning_parser or "none")

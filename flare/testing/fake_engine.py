@@ -197,6 +197,7 @@ class FakeEngine:
         self.context_len = config.context_len
         self.max_active = config.max_active
         self.generation_defaults = config.generation
+        self.special_markers: dict[str, int] = {}  # its byte tokenizer has no special markers
         identity = hashlib.sha256(b"flare-fake:" + config.identifier.encode("utf-8")).digest()
         # The byte layout renders tools (byte_chat_prompt); there is no Jinja source and no weights.
         details = ModelDetails(family="fake", architecture="FakeByteModel", dtype="float32", device="cpu",

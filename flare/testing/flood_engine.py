@@ -74,6 +74,7 @@ class FloodEngine:
         self.context_len = config.context_len
         self.max_active = config.max_active
         self.generation_defaults = config.generation
+        self.special_markers: dict[str, int] = {}
         self.failure: Error | None = None
         self._capacity = config.max_active + config.max_pending
         self._lock = threading.Condition()

@@ -114,6 +114,7 @@ class _StatsEngine:
         self.context_len = 128
         self.max_active = 4
         self.generation_defaults = NO_DEFAULTS
+        self.special_markers = {}
 
     def stats(self):
         return self._stats
