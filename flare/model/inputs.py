@@ -62,11 +62,13 @@ class Inputs:
         self._uploads: list[Upload] = []
         self.uploaded_bytes = 0  # lifetime total, for tests and metrics
 
-    def _write(self, name: str, index: tuple | int | slice, values) -> None:
-        """Assign mirror[name][index] = values; queue the changed contiguous byte range."""
+    def _write(self, name: str, index: tuple | int | slice, values, changed: bool = False) -> None:
+        """Assign mirror[name][index] = values; queue the changed contiguous byte range
+        (``changed``: the caller already compared them with the mirror)."""
         array = self.mirror[name]
         new = np.asarray(values, dtype=array.dtype)
-        if name not in DEVICE_WRITTEN and np.array_equal(np.broadcast_to(new, np.shape(array[index])), array[index]):
+        if not changed and name not in DEVICE_WRITTEN and np.array_equal(
+                np.broadcast_to(new, np.shape(array[index])), array[index]):
             return
         array[index] = new
         # the written region is a contiguous run of the flattened buffer
@@ -106,7 +108,7 @@ class Inputs:
         index = np.asarray(slots, dtype=np.int64)
         changed = np.flatnonzero((mirror[index] != rows).any(axis=1))
         for i in changed.tolist():
-            self._write("slot.grammar_mask", int(index[i]), rows[i])
+            self._write("slot.grammar_mask", int(index[i]), rows[i], changed=True)
 
     # -- step inputs -----------------------------------------------------------
 
