@@ -59,7 +59,10 @@ class OutputPlan:
 
     def parser(self, prompt: PreparedPrompt) -> OutputParser:
         """The request's parser; a prompt that opened the reasoning tag starts inside it."""
-        opened = bool(self.reasoning_parser and prompt.text and reasoning_opened(prompt.text))
+        opened = False
+        if self.reasoning_parser and prompt.text:
+            tags = parsers.get(self.reasoning_parser)  # the reasoning parser's own tags ([THINK] too)
+            opened = reasoning_opened(prompt.text, tags.open_tag, tags.close_tag)
         parser = parsers.build(self.tool_parser, self.reasoning_parser,
                                tools=list(self.tools) if self.tools is not None else None, reasoning_opened=opened)
         return FirstCallOnly(parser) if self.single_call and self.tool_parser else parser

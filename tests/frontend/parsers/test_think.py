@@ -55,3 +55,14 @@ def test_reasoning_parsers_never_count_malformed():
     parser.feed("<think>never closed")
     parser.finish()
     assert parser.malformed == 0
+
+
+def test_a_prompt_that_opened_the_mistral_tag_starts_inside_it():
+    """The output plan reads the served reasoning parser's own tags, not <think>'s."""
+    import numpy as np
+
+    from flare.request import PreparedPrompt
+    from flare.server.tool_calls import OutputPlan
+    prompt = PreparedPrompt(np.zeros(1, dtype=np.int32), (), "[INST]hi[/INST][THINK]")
+    parser = OutputPlan(reasoning_parser="mistral_think").parser(prompt)
+    assert [type(d).__name__ for d in parser.feed("why[/THINK]because")] == ["ReasoningDelta", "ContentDelta"]
