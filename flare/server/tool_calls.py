@@ -61,8 +61,10 @@ class OutputPlan:
         """The request's parser; a prompt that opened the reasoning tag starts inside it."""
         opened = False
         if self.reasoning_parser and prompt.text:
-            tags = parsers.get(self.reasoning_parser)  # the reasoning parser's own tags ([THINK] too)
-            opened = reasoning_opened(prompt.text, tags.open_tag, tags.close_tag)
+            # the reasoning parser's own tags ([THINK] too); a parser without tags never starts open
+            factory = parsers.get(self.reasoning_parser)
+            open_tag = getattr(factory, "open_tag", None)
+            opened = open_tag is not None and reasoning_opened(prompt.text, open_tag, factory.close_tag)
         parser = parsers.build(self.tool_parser, self.reasoning_parser,
                                tools=list(self.tools) if self.tools is not None else None, reasoning_opened=opened)
         return FirstCallOnly(parser) if self.single_call and self.tool_parser else parser
