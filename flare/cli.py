@@ -29,6 +29,9 @@ def _export_parser(sub) -> None:
                         f"(default {defaults.max_active})")
     p.add_argument("--prefill-chunk-size", type=int, default=defaults.prefill_chunk_size,
                    help=f"largest prefill chunk, a multiple of 64 (default {defaults.prefill_chunk_size})")
+    p.add_argument("--mixed-prefill", action="store_true",
+                   help="capture mixed steps: the decode cohort rides inside packed prefill steps "
+                        "(docs/scheduler.md)")
     p.add_argument("--served-name", dest="served_names", action="append", default=[],
                    help="model name clients may use (repeatable; the first is the advertised id)")
     p.add_argument("--dtype", default=defaults.dtype, choices=("auto", *DTYPES),
@@ -127,7 +130,7 @@ def _export(args: argparse.Namespace) -> int:
 
     options = ExportOptions(
         context=args.context, max_active=args.max_active, prefill_chunk_size=args.prefill_chunk_size,
-        served_names=tuple(args.served_names), dtype=args.dtype, identifier=args.identifier,
+        mixed_prefill=args.mixed_prefill, served_names=tuple(args.served_names), dtype=args.dtype, identifier=args.identifier,
         context_hint=args.context_hint, capacity_hint=args.capacity_hint,
         generation=_generation_settings(args.generation), chat_template=_template_text(args.chat_template),
         tool_parser=_parser_choice(args.tool_parser, "tool"),
@@ -148,6 +151,7 @@ def _info(args: argparse.Namespace) -> int:
           f"{r.num_params / 1e6:.1f}M parameters, {core.dtype}")
     print(f"context {c.context}, max_active {c.max_active}, prefill_chunk_size {c.prefill_chunk_size}, "
           f"served names {', '.join(c.served_names) or '-'}")
+    print(f"mixed prefill: {'on (decode rides inside packed prefill steps)' if c.mixed_prefill else 'off'}")
     defaults = core.generation.to_json()
     print("generation defaults: " + (", ".join(f"{k} {v}" for k, v in defaults.items()) if defaults
                                      else "none (requests get OpenAI's)"))

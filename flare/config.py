@@ -44,6 +44,7 @@ class EngineConfig:
     kv_memory_bytes: int = 0  # 0 = default: 1 GiB on CPU, a fraction of free memory on GPU
     kv_memory_fraction: float = 0.85
     num_snapshot_rows: int = 0  # 0 = derived from max_active
+    mixed_prefill: bool | None = None  # MIXED graphs; None = the core's contract (flare export --mixed-prefill)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 

@@ -78,7 +78,17 @@ class GraphKind(IntEnum):
     SNAPSHOT = 4  # copy a slot's tail page + hidden state into a snapshot row
     RESTORE = 5  # copy a snapshot row into a slot's private tail page
     RESUME = 6  # sample from a slot's saved hidden state without replaying tokens
-    # reserved for later kinds: VISION, SCORED_PREFILL, SPECULATIVE, MIXED
+    # one forward over a decode cohort (w rows) and packed prefill chunks (up to p prompt
+    # tokens in variable-length rows); w = 0 is packed prefill alone
+    MIXED = 7
+    # reserved for later kinds: VISION, SCORED_PREFILL, SPECULATIVE
+
+
+# Prefill rows a MIXED graph packs besides its decode width (step.* row buffers grow by this).
+MIXED_PREFILL_ROWS = 8
+# The smallest prompt capacity a MIXED graph is captured with: below it the decode cohort's
+# own weight pass dominates and a pure decode or prefill step does as well.
+MIXED_MIN_PROMPT = 256
 
 
 @dataclass(frozen=True)
@@ -86,12 +96,20 @@ class GraphSpec:
     index: int
     kind: GraphKind
     batch: int  # row capacity b
-    tokens: int = 1  # token capacity t per row (prefill), 1 otherwise
+    tokens: int = 1  # token capacity t per row (prefill), 1 otherwise; MIXED: prompt capacity p
     greedy: bool = False  # DECODE variant for cohorts that are all greedy without logprobs
+    width: int = 0  # MIXED: decode width w (rows 0..w-1 decode, rows w..batch-1 prefill)
 
     @property
     def label(self) -> str:
+        if self.kind == GraphKind.MIXED:
+            return f"mixed b{self.batch} p{self.tokens} w{self.width}"
         return f"{self.kind.name.lower()} b{self.batch} t{self.tokens}" + (" greedy" if self.greedy else "")
+
+    @property
+    def prefill_rows(self) -> int:
+        """MIXED: the packed prefill rows' capacity (the rows after the decode width)."""
+        return self.batch - self.width
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,7 @@ class PreparedContract:
     hidden_size: int
     page_tokens: int = PAGE_TOKENS
     top_logprobs: int = MAX_TOP_LOGPROBS
+    mixed_prefill: bool = False  # MIXED graphs captured (flare export --mixed-prefill)
     graphs: tuple[GraphSpec, ...] = field(default=())
 
     @property
@@ -150,16 +169,33 @@ class PreparedContract:
     def max_batch(self) -> int:
         return self.batch_capacities[-1]
 
+    @property
+    def mixed_prompt_capacities(self) -> tuple[int, ...]:
+        """MIXED prompt capacities p: the prefill capacities from MIXED_MIN_PROMPT up (the
+        largest one at least, so a small chunk size still gets one)."""
+        caps = self.prefill_capacities
+        return tuple(t for t in caps if t >= MIXED_MIN_PROMPT) or caps[-1:]
+
+    @property
+    def step_rows(self) -> int:
+        """Rows of the step.* row buffers: the largest batch, plus a MIXED graph's prefill rows."""
+        return self.max_batch + (self.mixed_rows if self.mixed_prefill else 0)
+
+    @property
+    def mixed_rows(self) -> int:
+        return min(MIXED_PREFILL_ROWS, self.max_active)
+
     @classmethod
     def build(cls, *, max_active: int, context: int, prefill_chunk_size: int, num_pages: int,
-              num_snapshot_rows: int, vocab_size: int, hidden_size: int) -> "PreparedContract":
+              num_snapshot_rows: int, vocab_size: int, hidden_size: int,
+              mixed_prefill: bool = False) -> "PreparedContract":
         base = cls(max_active=max_active, context=context, prefill_chunk_size=prefill_chunk_size,
                    num_pages=num_pages, num_snapshot_rows=num_snapshot_rows,
-                   vocab_size=vocab_size, hidden_size=hidden_size)
+                   vocab_size=vocab_size, hidden_size=hidden_size, mixed_prefill=mixed_prefill)
         graphs: list[GraphSpec] = []
 
-        def add(kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False) -> None:
-            graphs.append(GraphSpec(len(graphs), kind, batch, tokens, greedy))
+        def add(kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False, width: int = 0) -> None:
+            graphs.append(GraphSpec(len(graphs), kind, batch, tokens, greedy, width))
 
         for b in base.batch_capacities:
             add(GraphKind.DECODE, b)
@@ -178,6 +214,13 @@ class PreparedContract:
         for kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.RESUME):
             for b in base.batch_capacities:
                 add(kind, b)
+        if mixed_prefill:
+            # Mixed steps: each decode width (0: packed prefill alone) with each prompt capacity,
+            # the prefill rows after the decode rows.
+            rows = base.mixed_rows
+            for w in (0, *base.batch_capacities):
+                for p in base.mixed_prompt_capacities:
+                    add(GraphKind.MIXED, w + rows, p, width=w)
         return cls(**{**base.__dict__, "graphs": tuple(graphs)})
 
     def graph(self, kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False) -> GraphSpec:
@@ -187,7 +230,7 @@ class PreparedContract:
         raise KeyError(f"no {kind.name} graph with b={batch} t={tokens}{' (greedy)' if greedy else ''}")
 
     def buffers(self) -> tuple[BufferSpec, ...]:
-        s1, bmax, tmax = self.max_active + 1, self.max_batch, self.prefill_chunk_size
+        s1, bmax, tmax = self.max_active + 1, self.step_rows, self.prefill_chunk_size
         return (
             BufferSpec("slot.generation", (s1,), "int64", "slot"),
             BufferSpec("slot.token", (s1,), "int64", "slot"),
@@ -218,5 +261,5 @@ class PreparedContract:
             "max_active": self.max_active, "context": self.context,
             "prefill_chunk_size": self.prefill_chunk_size, "num_pages": self.num_pages,
             "num_snapshot_rows": self.num_snapshot_rows, "page_tokens": self.page_tokens,
-            "graphs": [g.label for g in self.graphs],
+            "mixed_prefill": self.mixed_prefill, "graphs": [g.label for g in self.graphs],
         }

@@ -40,6 +40,7 @@ class ExportOptions:
     context: int | None = None  # default: the checkpoint's max_position_embeddings
     max_active: int = 16
     prefill_chunk_size: int = 512
+    mixed_prefill: bool = False  # flare export --mixed-prefill: the core's contract captures MIXED graphs
     served_names: tuple[str, ...] = ()
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     identifier: str | None = None
@@ -230,7 +231,7 @@ def export_core(source: Path, output: Path, options: ExportOptions = ExportOptio
             progress(f"output parsers: tool calls {parsers[0] or 'none'}, reasoning {parsers[1] or 'none'}")
         contract = CoreContract(
             context=context, max_active=options.max_active, prefill_chunk_size=options.prefill_chunk_size,
-            page_tokens=PAGE_TOKENS, served_names=tuple(options.served_names),
+            mixed_prefill=options.mixed_prefill, page_tokens=PAGE_TOKENS, served_names=tuple(options.served_names),
             context_hint=options.context_hint, capacity_hint=options.capacity_hint, frontend=frontend,
         )
         from concurrent.futures import ThreadPoolExecutor

@@ -40,13 +40,14 @@ class CoreContract:
     context_hint: str = ""
     capacity_hint: str = ""
     frontend: dict[str, Any] = field(default_factory=dict)
+    mixed_prefill: bool = False  # capture MIXED graphs (decode rows inside packed prefill steps)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "context": self.context, "max_active": self.max_active,
             "prefill_chunk_size": self.prefill_chunk_size, "page_tokens": self.page_tokens,
             "served_names": list(self.served_names), "context_hint": self.context_hint,
-            "capacity_hint": self.capacity_hint, "frontend": self.frontend,
+            "capacity_hint": self.capacity_hint, "frontend": self.frontend, "mixed_prefill": self.mixed_prefill,
         }
 
     @classmethod

@@ -24,7 +24,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 TEMPLATE_ASSET = "chat_template.jinja"
 CONTRACT_FIELDS = ("context", "max_active", "prefill_chunk_size", "page_tokens", "served_names",
-                   "context_hint", "capacity_hint", "frontend")
+                   "context_hint", "capacity_hint", "frontend", "mixed_prefill")
 RECIPE_COUNTS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                  "head_dim", "max_position_embeddings")
 ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -181,6 +181,7 @@ def check_contract(contract: _Fields, recipe: Mapping[str, Any]) -> None:
     names = contract.get("served_names", [])
     if not (isinstance(names, list) and all(isinstance(n, str) and n for n in names)):
         contract.fail("served_names", f"must be a list of non-empty strings, got {_shown(names)}")
+    contract.flag("mixed_prefill", default=False)
     contract.text("context_hint", default="")
     contract.text("capacity_hint", default="")
     frontend = _Fields(contract.file, contract.get("frontend"), "contract.frontend")

@@ -329,7 +329,9 @@ class ModelRuntime:
                 self.counters.grammar_held_steps += 1
             self.counters.grammar_steps += bool(constrained)
             if plan.kind == GraphKind.PREFILL:
-                self.counters.prompt_tokens += sum(r.num_tokens for r in step.rows)
+                self.counters.prompt_tokens += int(plan.cols.num_tokens.sum())
+            elif plan.kind == GraphKind.MIXED:
+                self.counters.prompt_tokens += int(plan.cols.num_tokens[plan.decode_rows:].sum())
             submitted = True
         return submitted
 

@@ -269,14 +269,17 @@ def _check_graph(index: int, graph: GraphEntry) -> None:
         raise ManifestError(f"graph {index}", "graph name must be a non-empty string")
     if not isinstance(graph.kind, GraphKind):
         raise ManifestError(entry, f"kind {graph.kind!r} is not a GraphKind")
-    if not _is_int(graph.batch) or not _is_power_of_two(graph.batch):
+    if graph.kind == GraphKind.MIXED:  # decode width (a power of two or 0) plus its prefill rows
+        if not _is_int(graph.batch) or graph.batch < 1:
+            raise ManifestError(entry, f"mixed row capacity must be a positive integer, got {graph.batch!r}")
+    elif not _is_int(graph.batch) or not _is_power_of_two(graph.batch):
         raise ManifestError(entry, f"batch capacity must be a power of two >= 1, got {graph.batch!r}")
     if not _is_int(graph.tokens) or graph.tokens < 1:
         raise ManifestError(entry, f"token capacity must be a positive integer, got {graph.tokens!r}")
     if graph.kind == GraphKind.DECODE and graph.tokens != 1:
         raise ManifestError(entry, f"decode token capacity must be 1, got {graph.tokens}")
-    if graph.kind == GraphKind.PREFILL and graph.tokens % PREFILL_TOKEN_QUANTUM:
-        raise ManifestError(entry, f"prefill token capacity must be a positive multiple of "
+    if graph.kind in (GraphKind.PREFILL, GraphKind.MIXED) and graph.tokens % PREFILL_TOKEN_QUANTUM:
+        raise ManifestError(entry, f"{graph.kind.name.lower()} token capacity must be a positive multiple of "
                                    f"{PREFILL_TOKEN_QUANTUM}, got {graph.tokens}")
     if not _is_int(graph.handle) or not 0 < graph.handle < _ADDRESS_LIMIT:
         raise ManifestError(entry, f"executable handle must be a non-null 64-bit address, got {graph.handle!r}")

@@ -7,7 +7,9 @@ there, so every index a step uses is valid and no branch is needed. Logical
 page IDs from the prefix cache map to physical pages ``id + 1``.
 
 A step is rectangular: ``B`` rows of ``Q`` query tokens (a prefill chunk is
-``B=1, Q=t``; a decode step is ``B=b, Q=1``). Each row attends over the pages
+``B=1, Q=t``; a decode step is ``B=b, Q=1``), or packed (a MIXED step,
+:class:`PackedBatch`): one flat stream of prefill tokens in variable-length rows,
+then a decode cohort's tokens. Each row attends over the pages
 listed in its page-table row, up to ``kv_lens[b]`` positions, causally by
 absolute position. This reference gathers the row's pages and runs a masked
 softmax; the CUDA path replaces it with Triton kernels of the same contract.
@@ -67,6 +69,40 @@ class AttentionBatch:
     kv_lens: torch.Tensor
 
 
+@dataclass
+class PackedRows:
+    """Variable-length prefill rows of a packed step (all int64, static shapes).
+
+    Row ``r`` owns the flat query tokens ``[q_start[r], q_start[r] + q_len[r])``; padding
+    rows have ``q_len`` 0 and padding tokens (past the last row) belong to no row.
+
+    positions:  [p] absolute position of each flat prefill token
+    q_start:    [R] first flat token of each row
+    q_len:      [R] tokens of each row
+    page_table: [R, Pmax] physical pages of each row
+    kv_lens:    [R] valid cached positions per row after this step's writes
+    """
+
+    positions: torch.Tensor
+    q_start: torch.Tensor
+    q_len: torch.Tensor
+    page_table: torch.Tensor
+    kv_lens: torch.Tensor
+
+
+@dataclass
+class PackedBatch:
+    """A MIXED step's metadata: the flat stream ``[1, N]`` is ``p`` packed prefill tokens
+    (``prefill``) followed by ``w`` decode tokens (``decode``: a ``[w, 1]`` decode batch,
+    None when w is 0). ``positions`` and ``write_index`` cover the whole stream, so every
+    per-token operation of the forward runs on it unchanged; only attention reads the rows."""
+
+    positions: torch.Tensor  # [1, N]
+    write_index: torch.Tensor  # [1, N]
+    prefill: PackedRows
+    decode: AttentionBatch | None
+
+
 def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              write_index: torch.Tensor) -> None:
     """Scatter this step's keys/values [B, Q, Hkv, D] into the page pool."""
@@ -117,3 +153,31 @@ def fresh_sdpa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, scale=scale,
                                          enable_gqa=True)
     return out.transpose(1, 2)
+
+
+def packed_rows_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: PackedRows,
+                          scale: float) -> torch.Tensor:
+    """Attention of packed prefill rows, q ``[p, H, D]`` -> ``[p, H, D]`` (zeros for padding
+    tokens): each row as its own one-row chunk of :func:`paged_attention_reference`. It
+    reads the row bounds on the host, so it is the eager reference only (the CUDA path
+    captures :func:`flare.model.kernels.packed_attention`)."""
+    out = torch.zeros_like(q)
+    for r, (start, n) in enumerate(zip(rows.q_start.tolist(), rows.q_len.tolist())):
+        if n <= 0:
+            continue
+        row = AttentionBatch(positions=rows.positions[start:start + n].view(1, n), write_index=rows.positions,
+                             page_table=rows.page_table[r:r + 1], kv_lens=rows.kv_lens[r:r + 1])
+        out[start:start + n] = paged_attention_reference(q[start:start + n].unsqueeze(0), k_pool, v_pool, row,
+                                                         scale)[0]
+    return out
+
+
+def packed_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                               batch: PackedBatch, scale: float) -> torch.Tensor:
+    """Attention of a packed step, q ``[1, N, H, D]`` -> ``[1, N, H, D]``: the prefill rows,
+    then the decode cohort as a ``[w, 1]`` decode batch."""
+    p = batch.prefill.positions.shape[0]
+    parts = [packed_rows_reference(q[0, :p], k_pool, v_pool, batch.prefill, scale)]
+    if batch.decode is not None:
+        parts.append(paged_attention_reference(q[0, p:].unsqueeze(1), k_pool, v_pool, batch.decode, scale)[:, 0])
+    return torch.cat(parts).unsqueeze(0)

@@ -20,7 +20,14 @@ import torch.nn.functional as F
 
 from . import architectures
 from .architectures import LayerFeatures
-from .attention import AttentionBatch, KVCache, paged_attention_reference, write_kv
+from .attention import (
+    AttentionBatch,
+    KVCache,
+    PackedBatch,
+    packed_attention_reference,
+    paged_attention_reference,
+    write_kv,
+)
 from .layers import apply_rope, rms_norm, rope_table, silu_mul
 from .spec import ModelSpec
 
@@ -109,6 +116,7 @@ class DecoderOps:
     linear_add_rms_norm: Callable = linear_add_rms_norm  # (x, w, residual, norm w, eps); see above
     linear_qkv_rope_write: Callable = linear_qkv_rope_write  # see linear_qkv_rope_write above
     attention: AttentionFn = paged_attention_reference
+    packed_attention: Callable = packed_attention_reference  # (q [1, N, H, D], k, v, PackedBatch, scale)
 
 
 def cuda_ops() -> DecoderOps:
@@ -118,7 +126,8 @@ def cuda_ops() -> DecoderOps:
     return DecoderOps(linear=kernels.linear, linear_silu=kernels.linear_silu, linear_float=kernels.linear_float,
                       rms_norm=kernels.rms_norm, embed_rms_norm=kernels.embed_rms_norm,
                       add_rms_norm=kernels.add_rms_norm, linear_add_rms_norm=kernels.linear_add_rms_norm,
-                      linear_qkv_rope_write=kernels.linear_qkv_rope_write, attention=kernels.paged_attention)
+                      linear_qkv_rope_write=kernels.linear_qkv_rope_write, attention=kernels.paged_attention,
+                      packed_attention=kernels.packed_attention)
 
 
 class Decoder:
@@ -150,24 +159,27 @@ class Decoder:
             "o": w("o"), "mlp_norm": w("mlp_norm"), "gate_up": w("gate_up"), "down": w("down"),
         }
 
-    def forward(self, tokens: torch.Tensor, batch: AttentionBatch, kv: KVCache,
+    def forward(self, tokens: torch.Tensor, batch: AttentionBatch | PackedBatch, kv: KVCache,
                 sample_index: torch.Tensor | None = None) -> torch.Tensor:
         """Run the decoder; returns the final-normed hidden state of each row's sampled token.
 
         tokens: [B, Q] int64; sample_index: [B] int64 (query index per row), or None for
-        each row's last query (a view: no gather kernel). -> [B, hidden]
+        each row's last query (a view: no gather kernel). -> [B, hidden]. A packed step
+        (``batch`` a PackedBatch) has tokens [1, N] and ``sample_index`` [R]: flat token
+        indices, one per sampled row.
         """
         spec, ops = self.spec, self.ops
         b, nq = tokens.shape
         h, d = spec.num_heads, spec.head_dim
         eps = spec.rms_norm_eps
+        packed = isinstance(batch, PackedBatch)
         y, residual = ops.embed_rms_norm(tokens, self.w["embed"], self.layers[0]["attn_norm"], eps)  # [B, Q, hidden]
         last = len(self.layers) - 1
         for i, lw in enumerate(self.layers):
             q = ops.linear_qkv_rope_write(y, lw["qkv"], lw["qkv_bias"], h, lw["q_norm"], lw["k_norm"], eps,
                                           self.rope_cos, self.rope_sin, batch.positions, batch.write_index,
                                           kv.k[i], kv.v[i])
-            attn = ops.attention(q, kv.k[i], kv.v[i], batch, self.scale)
+            attn = (ops.packed_attention if packed else ops.attention)(q, kv.k[i], kv.v[i], batch, self.scale)
             y, residual = ops.linear_add_rms_norm(attn.reshape(b, nq, h * d), lw["o"], residual, lw["mlp_norm"], eps)
             act = ops.linear_silu(y, lw["gate_up"])
             if i < last:
@@ -175,6 +187,8 @@ class Decoder:
             else:  # the final norm's output leaves the decoder: computed here, not left to a GEMV
                 y, residual = ops.add_rms_norm(ops.linear(act, lw["down"]), residual, self.w["norm"], eps)
         # [B, hidden]: the last layer's add_rms_norm applied the final norm
+        if packed:
+            return y[0].index_select(0, sample_index)
         if sample_index is None:
             return y[:, -1]
         return y[torch.arange(b, device=y.device), sample_index]

@@ -124,6 +124,25 @@ class Inputs:
         self._write("step.num_tokens", row, n)
         self._write("step.sample", row, int(sample))
 
+    def set_packed_prefill(self, first_row: int, rows: Sequence[tuple[np.ndarray, bool]], capacity: int) -> None:
+        """A MIXED step's prefill rows: their tokens back to back from the start of the
+        flattened step.tokens, each row's count and sample flag at step rows first_row..;
+        rows up to ``capacity`` are padding (no tokens, no sample)."""
+        mirror = self.mirror["step.tokens"].reshape(-1)
+        tokens = np.concatenate([t for t, _ in rows]) if rows else _NO_TOKENS
+        n = len(tokens)
+        if n and not np.array_equal(mirror[:n], tokens):
+            mirror[:n] = tokens
+            data = mirror[:n].tobytes()
+            self._uploads.append(("step.tokens", 0, data))
+            self.uploaded_bytes += len(data)
+        counts = np.zeros(capacity, np.int64)
+        sample = np.zeros(capacity, np.int64)
+        for j, (t, s) in enumerate(rows):
+            counts[j], sample[j] = len(t), int(s)
+        self._write("step.num_tokens", slice(first_row, first_row + capacity), counts)
+        self._write("step.sample", slice(first_row, first_row + capacity), sample)
+
     def set_snapshot_rows(self, rows: Sequence[int], capacity: int) -> None:
         """Logical snapshot IDs -> physical rows (id + 1); padding uses scratch row 0."""
         row = np.zeros(capacity, dtype=np.int64)
@@ -172,6 +191,16 @@ def pack_step(inputs: Inputs, step) -> list[Upload]:
                 inputs.set_prompt(admission.penalty_prompt)
     for upload in step.page_uploads:
         inputs.set_pages(upload.slot, upload.first, upload.pages)
+    if kind == GraphKind.MIXED:
+        # decode rows from 0, prefill rows from the graph's decode width
+        d, w = plan.decode_rows, plan.width
+        slots = np.zeros(plan.batch, np.int64)
+        slots[:d] = cols.slots[:d]
+        slots[w:w + len(cols) - d] = cols.slots[d:]
+        inputs.set_rows(slots, plan.batch)
+        inputs.set_packed_prefill(w, [(tokens, bool(sample)) for (tokens, _), sample
+                                      in zip(step.extras[d:], cols.sample[d:])], plan.batch - w)
+        return inputs.take()
     inputs.set_rows(cols.slots, plan.batch)
     if kind == GraphKind.PREFILL:
         for i, (tokens, _) in enumerate(step.extras):

@@ -130,6 +130,7 @@ def load_model(core: PreparedWeights, config: EngineConfig = EngineConfig(),
         max_active=max_active, context=core.contract.context,
         prefill_chunk_size=core.contract.prefill_chunk_size, num_pages=num_pages,
         num_snapshot_rows=rows, vocab_size=core.recipe.vocab_size, hidden_size=core.recipe.hidden_size,
+        mixed_prefill=core.contract.mixed_prefill if config.mixed_prefill is None else config.mixed_prefill,
     )
     if progress:
         progress(f"KV cache: {num_pages} pages of {contract.page_tokens} tokens, {rows} snapshot rows")

@@ -33,7 +33,7 @@ from ..contract import (
     GraphSpec,
     PreparedContract,
 )
-from .attention import AttentionBatch, KVCache
+from .attention import AttentionBatch, KVCache, PackedBatch, PackedRows
 from .decoder import Decoder
 from .sampling import apply_grammar_masks, apply_penalties, greedy_tokens, philox_uniform, sample
 
@@ -76,7 +76,7 @@ class StepPrograms:
         self.apply_grammar_masks = apply_grammar_masks  # (logits, sampling, masks, slots) -> None, in place
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
         self.commit = self._commit  # (slots, token, do_sample, kind, positions=None, rows=None) -> None
-        self._ones = torch.ones(contract.max_batch, dtype=torch.bool, device=self.device)  # do_sample of decode rows
+        self._ones = torch.ones(contract.step_rows, dtype=torch.bool, device=self.device)  # do_sample of decode rows
         # A decode step run in two parts (structured output, see run_part): the forward part
         # leaves the step's logits here for the sampling part, which runs once the host has
         # uploaded the masks that depend on the previous step's tokens.
@@ -89,6 +89,7 @@ class StepPrograms:
             GraphKind.SNAPSHOT: self._snapshot,
             GraphKind.RESTORE: self._restore,
             GraphKind.RESUME: self._resume,
+            GraphKind.MIXED: self._mixed,
         }
 
     def run(self, graph: GraphSpec) -> None:
@@ -287,6 +288,52 @@ class StepPrograms:
         # start early), and one after the commit would end every step with a plain launch.
         self._sample_rows(slots, hidden, self._ones[:b], GraphKind.DECODE, graph.greedy, positions=batch.kv_lens,
                           keep_hidden=True)
+
+    def _mixed(self, graph: GraphSpec) -> None:
+        """One forward over a decode cohort and packed prefill rows.
+
+        Rows 0..w-1 of step.slots decode (their tokens and metadata come from the slot rows,
+        as in DECODE); rows w..batch-1 are prefill rows whose ``step.num_tokens`` tokens lie
+        back to back in the flattened ``step.tokens``, row after row. The flat stream the
+        decoder runs is the p prompt tokens, then the w decode tokens: every GEMM sees
+        p + w rows with no padding between requests.
+        """
+        buf, page = self.buffers, self.contract.page_tokens
+        w, p = graph.width, graph.tokens
+        slots = self._step("step.slots", graph.batch)
+        pslots = slots[w:]
+        n = buf["step.num_tokens"][w:graph.batch]
+        ends = torch.cumsum(n, 0)
+        starts = ends - n
+        flat = torch.arange(p, device=self.device)
+        row = torch.searchsorted(ends, flat, right=True).clamp(max=graph.prefill_rows - 1)
+        valid = flat < ends[-1]
+        pos0 = buf["slot.position"][pslots]
+        positions = torch.where(valid, pos0[row] + flat - starts[row], 0).clamp(max=self.contract.context - 1)
+        table = buf["slot.page_table"][pslots]
+        phys = table[row, (positions // page).clamp(max=table.shape[1] - 1)]
+        write = torch.where(valid, phys * page + positions % page, flat % page)  # padding: scratch page
+        kv_lens = pos0 + n
+        rows = PackedRows(positions=positions, q_start=starts, q_len=n, page_table=self._page_table(pslots, kv_lens),
+                          kv_lens=kv_lens)
+        tokens = buf["step.tokens"].view(-1)[:p]
+        sample_index = (starts + n - 1).clamp(min=0)
+        do_sample = buf["step.sample"][w:graph.batch] != 0
+        new_positions = kv_lens
+        decode = None
+        if w:
+            dtokens, decode = self.decode_inputs(slots[:w])
+            tokens = torch.cat([tokens, dtokens.view(-1)])
+            positions = torch.cat([positions, decode.positions.view(-1)])
+            write = torch.cat([write, decode.write_index.view(-1)])
+            # sampled rows in step.slots order: the decode rows (flat p..p+w-1), then the prefill rows
+            sample_index = torch.cat([torch.arange(p, p + w, device=self.device), sample_index])
+            do_sample = torch.cat([self._ones[:w], do_sample])
+            new_positions = torch.cat([decode.kv_lens, kv_lens])
+        batch = PackedBatch(positions=positions.view(1, -1), write_index=write.view(1, -1), prefill=rows,
+                            decode=decode)
+        hidden = self.decoder.forward(tokens.view(1, -1), batch, self.kv, sample_index)
+        self._sample_rows(slots, hidden, do_sample, GraphKind.MIXED, positions=new_positions, keep_hidden=True)
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]

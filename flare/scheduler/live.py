@@ -42,6 +42,7 @@ class SlotTable:
         self.ignore_eos = np.zeros(n, np.bool_)
         self.has_stop_ids = np.zeros(n, np.bool_)  # request-specific stop_token_ids
         self.plain = np.zeros(n, np.bool_)  # greedy without logprobs: may use greedy decode graphs
+        self.constrained = np.zeros(n, np.bool_)  # structured output: each sample waits for its mask
         self.token_debt = np.zeros(n, np.float64)
         self.delivery_debt = np.zeros(n, np.float64)
         self.last_progress = np.zeros(n, np.float64)
@@ -53,7 +54,7 @@ class SlotTable:
                      "last_fence", "num_pages", "limit", "num_out"):
             getattr(self, name)[slot] = 0
         self.ended[slot] = self.records_after_end[slot] = False
-        self.ignore_eos[slot] = self.has_stop_ids[slot] = self.plain[slot] = False
+        self.ignore_eos[slot] = self.has_stop_ids[slot] = self.plain[slot] = self.constrained[slot] = False
         self.token_debt[slot] = self.delivery_debt[slot] = 0.0
         self.phase[slot] = int(Phase.RETIRED)
 
@@ -140,6 +141,7 @@ class LiveRequest:
         t.ignore_eos[slot] = self.params.ignore_eos
         t.has_stop_ids[slot] = bool(self.params.stop_token_ids)
         t.plain[slot] = self.params.is_greedy and not self.params.logprobs
+        t.constrained[slot] = self.params.grammar is not None
         t.last_progress[slot] = now
 
     def detach(self) -> None:

@@ -101,6 +101,8 @@ class ScheduledPlan:
     estimate_ns: int  # the graph's estimate when planned (0: unmeasured)
     is_refresh: bool = False  # a stale graph: it runs alone and refreshes its estimate
     is_funded_refresh: bool = False  # chosen over the winner on refresh credit (commit pays)
+    width: int = 0  # MIXED: the graph's decode width w
+    decode_rows: int = 0  # MIXED: the leading rows of cols that decode (the rest prefill)
 
     @property
     def rows(self) -> tuple[PlanRow, ...]:

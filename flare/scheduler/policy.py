@@ -112,8 +112,12 @@ class Selection:
         else:
             kind, _, rows, _ = candidates[best]
             cols = RowArrays.from_rows(rows)
+        decode_rows = 0
+        if kind == GraphKind.MIXED:  # its decode rows lead (steps/mixed.py)
+            decode_rows = next((i for i, r in enumerate(rows) if s.live[r.rid].phase != Phase.DECODING), len(rows))
         return ScheduledPlan(s.id, kind, graph.index, graph.batch, graph.tokens, cols,
-                             s.timing.estimate_ns(graph.index), funded or bool(stale[best]), funded)
+                             s.timing.estimate_ns(graph.index), funded or bool(stale[best]), funded,
+                             graph.width, decode_rows)
 
     # -- fairness --------------------------------------------------------------
 
@@ -133,7 +137,7 @@ class Selection:
         unmeasured)."""
         s = self.s
         per_prompt = 0.0
-        for g in s.graphs_of(GraphKind.PREFILL):
+        for g in (*s.graphs_of(GraphKind.PREFILL), *s.mixed_graphs.get(0, ())):
             est = s.timing.estimate_ns(g.index)
             if est and (per_prompt == 0.0 or est * 1e-9 / g.tokens < per_prompt):
                 per_prompt = est * 1e-9 / g.tokens

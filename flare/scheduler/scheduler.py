@@ -115,6 +115,13 @@ class RequestScheduler:
         # PREFILL graphs of one request (by token capacity) and cohort prefill graphs (b > 1)
         self.cohort_prefill_graphs = [g for g in self._graphs[GraphKind.PREFILL] if g.batch > 1]
         self._graphs[GraphKind.PREFILL] = [g for g in self._graphs[GraphKind.PREFILL] if g.batch == 1]
+        # MIXED graphs by decode width, each list by prompt capacity
+        self.mixed_graphs: dict[int, list[GraphSpec]] = {}
+        for g in self._graphs.get(GraphKind.MIXED, []):
+            self.mixed_graphs.setdefault(g.width, []).append(g)
+        for graphs in self.mixed_graphs.values():
+            graphs.sort(key=lambda g: g.tokens)
+        self.mixed_widths = sorted(w for w in self.mixed_graphs if w)
         self.decode_graphs = sorted(self._graphs[GraphKind.DECODE] + greedy_decode, key=lambda g: g.batch)
         # decode graph per cohort size: [general, greedy] (greedy: all rows argmax, no logprobs)
         self.decode_graph_for = [None] + [

@@ -59,6 +59,14 @@ class SchedulerView(Protocol):
         """PREFILL graphs with more than one row, by (batch, tokens)."""
 
     @property
+    def mixed_graphs(self) -> "Mapping[int, Sequence[GraphSpec]]":
+        """MIXED graphs by decode width (0: packed prefill alone), each by prompt capacity."""
+
+    @property
+    def mixed_widths(self) -> "Sequence[int]":
+        """The MIXED decode widths above 0, ascending."""
+
+    @property
     def decode_graphs(self) -> "Sequence[GraphSpec]":
         """DECODE graphs, general and greedy, smallest batch first."""
 

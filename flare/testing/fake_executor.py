@@ -240,12 +240,32 @@ class FakeExecutor(FenceTimeline):
         b = self.buffers
         p = self.contract.page_tokens
         rows = [int(s) for s in b["step.slots"][:graph.batch]]
+        packed = b["step.tokens"].reshape(-1)
+        at = 0  # MIXED: the next prefill row's first flat token
         for i, slot in enumerate(rows):
+            kind = graph.kind
+            if kind == GraphKind.MIXED and i >= graph.width:
+                n = int(b["step.num_tokens"][i])
+                start, at = at, at + n
             if slot == 0:
                 continue
-            kind = graph.kind
             sampled = False
-            if kind == GraphKind.PREFILL:
+            if kind == GraphKind.MIXED:
+                if i < graph.width:  # a decode row
+                    pos = int(b["slot.position"][slot])
+                    self._write(slot, pos, int(b["slot.token"][slot]))
+                    b["slot.position"][slot] = pos + 1
+                    self._sample(slot)
+                    sampled = True
+                else:
+                    pos = int(b["slot.position"][slot])
+                    for j in range(n):
+                        self._write(slot, pos + j, int(packed[start + j]))
+                    b["slot.position"][slot] = pos + n
+                    if b["step.sample"][i]:
+                        self._sample(slot)
+                        sampled = True
+            elif kind == GraphKind.PREFILL:
                 n = int(b["step.num_tokens"][i])
                 pos = int(b["slot.position"][slot])
                 for j in range(n):

@@ -38,10 +38,11 @@ def save_tiny(model, path: Path) -> Path:
 
 
 class Harness:
-    def __init__(self, core_dir: Path, *, max_active: int = 4, kv_bytes: int = 64 << 20, device: str = "cpu"):
+    def __init__(self, core_dir: Path, *, max_active: int = 4, kv_bytes: int = 64 << 20, device: str = "cpu",
+                 mixed_prefill: bool | None = None):
         self.core = load_core(core_dir)
         self.model = load_model(self.core, EngineConfig(device=device, max_active=max_active,
-                                                         kv_memory_bytes=kv_bytes))
+                                                         kv_memory_bytes=kv_bytes, mixed_prefill=mixed_prefill))
         self.contract = self.model.contract
         self.programs = self.model.programs
         if self.model.device.type == "cuda":
@@ -57,7 +58,8 @@ class Harness:
     def export(cls, checkpoint: Path, out: Path, *, context: int = 512, chunk: int = 128, dtype: str = "float32",
                **kw) -> "Harness":
         export_core(checkpoint, out, ExportOptions(context=context, prefill_chunk_size=chunk,
-                                                   max_active=kw.get("max_active", 4), dtype=dtype))
+                                                   max_active=kw.get("max_active", 4), dtype=dtype,
+                                                   mixed_prefill=kw.pop("mixed_prefill", False)))
         return cls(out, **kw)
 
     def close(self) -> None:
@@ -118,6 +120,28 @@ class Harness:
         for slot, p in prompts.items():
             assert done.records[slot, REC_CONSUMED] == len(p)
         return {slot: int(done.records[slot, REC_TOKEN0]) for slot in slots}
+
+    def mixed(self, decode_slots: list[int], prefill: dict[int, tuple[np.ndarray, bool]], *, width: int,
+              tokens: int) -> dict[int, int]:
+        """One MIXED step: ``decode_slots`` decode (rows 0.., padded to ``width``) while each slot of
+        ``prefill`` consumes its tokens (packed from row ``width``), sampling where its flag says;
+        returns the token of every sampling slot."""
+        graph = next(g for g in self.contract.graphs
+                     if g.kind == GraphKind.MIXED and g.width == width and g.tokens == tokens)
+        for s in decode_slots:
+            self.alloc_pages(s, self.position(s) + 2)
+        for s, (t, _) in prefill.items():
+            self.alloc_pages(s, self.position(s) + len(t) + 1)
+        slots = np.zeros(graph.batch, np.int64)
+        slots[:len(decode_slots)] = decode_slots
+        slots[width:width + len(prefill)] = list(prefill)
+        self.inputs.set_rows(slots, graph.batch)
+        self.inputs.set_packed_prefill(width, list(prefill.values()), graph.prefill_rows)
+        self.executor.submit(graph.index, self.inputs.take())
+        done = self.executor.poll(timeout=120)
+        assert done is not None and done.error is None, done and done.error
+        sampling = [*decode_slots, *(s for s, (_, sample) in prefill.items() if sample)]
+        return {s: int(done.records[s, REC_TOKEN0]) for s in sampling}
 
     def decode(self, slots: list[int]) -> dict[int, int]:
         cap = next(b for b in self.contract.batch_capacities if b >= len(slots))

@@ -123,6 +123,45 @@ def test_cohort_prefill_of_ragged_prompts(tiny):
         _check(model, p, tokens[slot], logits[slot])
 
 
+@pytest.fixture(scope="module")
+def tiny_mixed(tmp_path_factory):
+    model = _make("qwen3")
+    ckpt = save_tiny(model, tmp_path_factory.mktemp("mixed-ckpt"))
+    harness = Harness.export(ckpt, tmp_path_factory.mktemp("mixed-core") / "core", context=1024, chunk=128,
+                             max_active=8, mixed_prefill=True)
+    yield model, harness
+    harness.close()
+
+
+def test_mixed_steps_match_transformers(tiny_mixed):
+    """Decode rows riding inside packed prefill steps: two requests decode while three
+    prompts prefill packed in one stream (one of them cut across two steps, one finishing in
+    the first), and every request's tokens and logits still match transformers alone."""
+    model, h = tiny_mixed
+    prompts = {slot: _prompt(200 + slot, n) for slot, n in zip((1, 2, 3, 4, 5), (20, 45, 37, 70, 9))}
+    for slot, p in prompts.items():
+        h.admit(slot, prompt=p)
+    tokens = {s: [h.prefill(s, prompts[s], 0, [len(prompts[s])])] for s in (1, 2)}
+    logits = {s: [h.logits(s)] for s in (1, 2)}
+    # step 1: decode 1, 2; prefill all of 3 and 5 and the first 50 tokens of 4 (128 tokens packed: 37 + 50 + 9)
+    out = h.mixed([1, 2], {3: (prompts[3], True), 4: (prompts[4][:50], False), 5: (prompts[5], True)},
+                  width=2, tokens=128)
+    for s in (1, 2):
+        tokens[s].append(out[s])
+        logits[s].append(h.logits(s))
+    for s in (3, 5):
+        tokens[s], logits[s] = [out[s]], [h.logits(s)]
+    # step 2: four decoders (a padded width of 4) and the rest of 4
+    out = h.mixed([1, 2, 3, 5], {4: (prompts[4][50:], True)}, width=4, tokens=128)
+    for s in (1, 2, 3, 5):
+        tokens[s].append(out[s])
+        logits[s].append(h.logits(s))
+    tokens[4], logits[4] = [out[4]], [h.logits(4)]
+    h.decode_steps(tokens, logits, 6)
+    for s, p in prompts.items():
+        _check(model, p, tokens[s], logits[s])
+
+
 def test_ragged_batch_decode(tiny):
     model, h = tiny
     prompts = {s: _prompt(100 + s, n) for s, n in zip((1, 2, 3, 4), (5, 70, 131, 64))}

@@ -216,3 +216,33 @@ def test_worker_failure_fails_every_request_and_stops_threads():
     assert getattr(info.value, "status", None) == 503
     m.loaded.programs.run = real_run
     m.close()
+
+
+def test_mixed_steps_on_the_demo_core_match_solo_runs(model):
+    """A demo model loaded with MIXED graphs: prompts arriving while others decode are
+    prefilled packed with the decoders riding in the same steps, and every request's greedy
+    tokens equal its solo run on the model without mixed graphs."""
+    tok = model.tokenizer
+    rng = np.random.default_rng(3)
+    words = "the of and a to in is you that it he was for on are as with his they at be this have".split()
+    specs = []
+    for i in range(8):
+        question = " ".join(rng.choice(words, int(rng.integers(5, 300)))) + f" question {i}?"
+        specs.append((chat_ids(tok, "You are a helpful assistant.", question)[0], int(rng.integers(8, 24))))
+    solo = [run(model, ids, m, ignore_eos=True)[0] for ids, m in specs]
+    mixed = NativeModel.load(demo_core(), EngineConfig(device="cpu", kv_memory_bytes=512 << 20, mixed_prefill=True))
+    try:
+        assert mixed.loaded.contract.mixed_prefill
+        runs = []
+        for (ids, m) in specs:  # staggered: each arrives while the earlier ones decode
+            runs.append(collect(mixed, PreparedPrompt(np.asarray(ids, dtype=np.int32)),
+                                SamplingParams(max_tokens=m, ignore_eos=True, **GREEDY)))
+            time.sleep(0.15)
+        for events, done, _ in runs:
+            assert done.wait(600)
+        for (events, _, _), expected in zip(runs, solo):
+            assert [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids] == expected
+        stats = mixed.runtime.stats()
+        assert stats.launches["mixed"] > 0
+    finally:
+        mixed.close()

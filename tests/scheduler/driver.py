@@ -14,9 +14,10 @@ from flare.scheduler.scheduler import RequestScheduler
 IDENTITY = bytes(range(32))
 
 
-def contract(max_active=4, context=1024, chunk=256, pages=64, rows=16, vocab=1000) -> PreparedContract:
+def contract(max_active=4, context=1024, chunk=256, pages=64, rows=16, vocab=1000, mixed=False) -> PreparedContract:
     return PreparedContract.build(max_active=max_active, context=context, prefill_chunk_size=chunk,
-                                  num_pages=pages, num_snapshot_rows=rows, vocab_size=vocab, hidden_size=8)
+                                  num_pages=pages, num_snapshot_rows=rows, vocab_size=vocab, hidden_size=8,
+                                  mixed_prefill=mixed)
 
 
 def prompt(tokens, endpoints=()) -> PreparedPrompt:

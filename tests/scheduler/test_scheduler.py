@@ -29,7 +29,7 @@ class Clock:
 
 def make(**kw):
     clock = Clock()
-    c = contract(**{k: v for k, v in kw.items() if k in ("max_active", "context", "chunk", "pages", "rows")})
+    c = contract(**{k: v for k, v in kw.items() if k in ("max_active", "context", "chunk", "pages", "rows", "mixed")})
     sched = RequestScheduler(c, IDENTITY, clock=clock, eos_token_ids=kw.get("eos", ()))
     ex = FakeExecutor(c, manual=kw.get("manual", False), eos_token=kw.get("eos_token"),
                       eos_every=kw.get("eos_every", 0))
@@ -529,3 +529,26 @@ def test_next_turn_sent_at_eos_waits_for_the_terminal_checkpoint():
     assert d.ended[rid2].reason == "length"
     consumed = req.planned  # prompt, reply and EOS (a pipelined decode ran on the EOS)
     assert sched.cache.counters().reused_tokens - before >= min(consumed, len(p) + len(reply))
+
+
+def test_mixed_steps_carry_the_decoders_through_prefill_and_match_solo_runs():
+    """With MIXED graphs, prompts that arrive while others decode are prefilled packed (several
+    requests' chunks in one stream, cut at the prompt capacity) with the decode cohort riding in
+    the same step, and every request still generates exactly its solo tokens."""
+    sched, ex, d, clock = make(max_active=8, pages=400, chunk=512, context=4096, mixed=True)
+    _warm(sched, d)
+    first = [sched.submit(prompt(tokens(300 + i, 40)), params(60), 5) for i in range(3)]
+    for _ in range(30):
+        d.pump()
+    specs = [(tokens(310 + i, n), 8) for i, n in enumerate([700, 45, 130, 9, 300])]
+    rids = [sched.submit(prompt(p), params(m), 5) for p, m in specs]
+    d.run()
+    mixed = [s for s in d.steps if s.plan.kind == GraphKind.MIXED]
+    assert any(s.plan.decode_rows and len(s.rows) - s.plan.decode_rows > 1 for s in mixed), \
+        "no mixed step carried decoders and several prompts"
+    for rid in first:
+        assert d.tokens[rid] == alone(tokens(300 + first.index(rid), 40), 60, 5)
+    for rid, (p, m) in zip(rids, specs):
+        assert d.tokens[rid] == alone(p, m, 5)
+        assert d.ended[rid].reason == "length"
+    assert sched.num_live == 0 and sched.reserved_pages == 0

@@ -24,6 +24,10 @@ def test_the_step_phases_partition_the_runnable_phases():
     phases = [phase for step in STEPS.values() for phase in step.phases]
     assert len(phases) == len(set(phases))
     assert set(phases) == {p for p in Phase if Phase.INITIALIZING <= p <= Phase.FINISHING}
+    # MIXED serves no phase of its own: it carries PREFILL's and DECODE's rows in one step
+    assert STEPS[GraphKind.MIXED].phases == ()
+    assert {ph for k in STEPS[GraphKind.MIXED].combines for ph in STEPS[k].phases} == {Phase.PREFILLING,
+                                                                                       Phase.DECODING}
 
 
 def test_launch_names_are_exported_metric_kinds():

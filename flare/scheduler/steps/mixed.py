@@ -1,0 +1,95 @@
+"""MIXED: the decode cohort and packed prefill chunks in one forward pass.
+
+A mixed candidate carries every decoding request (as DECODE's cohort would) plus up
+to the graph's prefill rows of prefilling requests, the most indebted first, each
+consuming what is left of the prompt capacity p up to its next stop. Rows are
+variable-length: a 2,048-token capacity may hold one request's 2,048 tokens or five
+short prompts whole. The decode rows ride on the prefill's weight pass instead of
+waiting for it (one prefill-only step used to stall all decoders for its duration),
+and the prompt tokens run in GEMMs sized for the GPU's peak.
+
+With no decoding request the candidates are packed prefill alone (the w = 0 graphs).
+A decode cohort holding a grammar-constrained request whose previous step is still in
+flight forms no mixed candidate: its mask is not known before that step completes, and
+only DECODE graphs have the held two-part form (docs/architecture.md, Departures).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...contract import GraphKind
+from ..plan import Phase, PlanRow
+from . import prefill
+from .base import StepKind
+from .decode import Decode
+
+
+class Mixed(StepKind):
+    kind = GraphKind.MIXED
+    name = "mixed"
+    phases = ()  # it combines the phases PREFILL and DECODE serve (combines, below)
+    combines = (GraphKind.PREFILL, GraphKind.DECODE)
+
+    def candidates(self, sel, budget):
+        s = sel.s
+        graphs = s.mixed_graphs
+        prefilling = budget.by_phase.get(Phase.PREFILLING, [])
+        if not graphs or not prefilling:
+            return []
+        t = s.table
+        decoding = Decode.decodable(s)
+        if len(decoding) and bool(np.any(t.constrained[decoding] & (t.inflight[decoding] > 0))):
+            return []
+        width = 0
+        if len(decoding):
+            width = next((w for w in s.mixed_widths if w >= len(decoding)), 0)
+            if not width:
+                return []
+        free_pages = budget.free_pages - int(np.count_nonzero(Decode.pages_needed(s, decoding)))
+        if free_pages < 0:
+            return []
+        decode_rows = [PlanRow(int(t.rid[slot]), s.live[int(t.rid[slot])].handle, int(t.epoch[slot]),
+                               int(t.planned[slot]), 1, True, -1) for slot in decoding]
+        decode_value = Decode.value(sel, decoding) if len(decoding) else 0.0
+        unit = sel.pol.output_token_value
+        order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
+        per_token = {r.rid: sel.prefill_price_per_token(r) for r in order}
+        out = []
+        last_work = -1
+        for g in graphs.get(width, ()):  # by prompt capacity
+            room, pages, rows, value = g.tokens, free_pages, [], decode_value
+            for r in order:
+                if room == 0 or len(rows) == g.prefill_rows:
+                    break
+                k = min(room, r.next_stop - r.planned)
+                need = s.new_pages_needed(r, r.planned + k)
+                if k <= 0 or need > pages:
+                    continue
+                pages -= need
+                room -= k
+                sample = r.planned + k == r.prompt_len
+                rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1))
+                value += k * (1.0 + per_token[r.rid]) + (unit if sample else 0.0)
+            work = g.tokens - room
+            if not rows or work == last_work:
+                continue  # nothing fits, or a smaller capacity consumes the same tokens
+            last_work = work
+            out.append((GraphKind.MIXED, g, decode_rows + rows, value))
+        return out
+
+    def mapped_positions(self, view, row, req):
+        if req.phase == Phase.DECODING:
+            return row.start + 1
+        return prefill.STEP.mapped_positions(view, row, req)
+
+    def commit_row(self, view, row, req, fence, now):
+        if req.phase == Phase.DECODING:
+            req.planned += 1
+            req.planned_generated += 1
+            req.last_progress = now
+            return None, None
+        return prefill.STEP.commit_row(view, row, req, fence, now)
+
+
+STEP = Mixed()
