@@ -130,7 +130,8 @@ def _export(args: argparse.Namespace) -> int:
 
     options = ExportOptions(
         context=args.context, max_active=args.max_active, prefill_chunk_size=args.prefill_chunk_size,
-        mixed_prefill=args.mixed_prefill, served_names=tuple(args.served_names), dtype=args.dtype, identifier=args.identifier,
+        mixed_prefill=args.mixed_prefill, served_names=tuple(args.served_names), dtype=args.dtype,
+        identifier=args.identifier,
         context_hint=args.context_hint, capacity_hint=args.capacity_hint,
         generation=_generation_settings(args.generation), chat_template=_template_text(args.chat_template),
         tool_parser=_parser_choice(args.tool_parser, "tool"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PAGE_TOKENS = 64
-MAX_ACTIVE_LIMIT = 64
+MAX_ACTIVE_LIMIT = 256
 # ServerConfig.generation_config: "model" applies the core's generation defaults (its
 # generation_config.json) to requests, "none" OpenAI's built-in ones (vLLM's auto / vllm).
 GENERATION_CONFIGS = ("model", "none")

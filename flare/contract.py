@@ -88,7 +88,7 @@ class GraphKind(IntEnum):
 MIXED_PREFILL_ROWS = 8
 # The smallest prompt capacity a MIXED graph is captured with: below it the decode cohort's
 # own weight pass dominates and a pure decode or prefill step does as well.
-MIXED_MIN_PROMPT = 256
+MIXED_MIN_PROMPT = 512
 
 
 @dataclass(frozen=True)

@@ -82,13 +82,14 @@ def make_checkpoint(path: Path, shape: str, tokenizer: Path) -> None:
     log(f"random {shape} checkpoint written in {time.perf_counter() - t0:.1f} s")
 
 
-def export(checkpoint: Path, core: Path, context: int) -> None:
+def export(checkpoint: Path, core: Path, context: int, *, max_active: int = 64, chunk: int = 512,
+           mixed: bool = False) -> None:
     from flare.core.export import ExportOptions, export_core
     if (core / "core.json").exists():
         return
     t0 = time.perf_counter()
-    export_core(checkpoint, core, ExportOptions(context=context, max_active=64, prefill_chunk_size=512,
-                                                served_names=("bench",), dtype="bfloat16"), log)
+    export_core(checkpoint, core, ExportOptions(context=context, max_active=max_active, prefill_chunk_size=chunk,
+                                                mixed_prefill=mixed, served_names=("bench",), dtype="bfloat16"), log)
     log(f"core exported in {time.perf_counter() - t0:.1f} s")
 
 
@@ -566,6 +567,90 @@ def serving(model, args) -> None:
         f"{run.steady_s:.1f} s with all {run.full} slots live, {run.busy_whole:.1%} of the whole {run.wall_s:.1f} s")
 
 
+def gemm_rate(model, tokens: int = 2048, iters: int = 5) -> float:
+    """Prompt tokens per second that torch's bf16 GEMMs of this model's layers reach at
+    ``tokens``-token batches (every layer's qkv, o, gate_up and down; no attention, no
+    elementwise work): the compute floor of a prefill token."""
+    import torch.nn.functional as F
+
+    weights = [lw[name] for lw in model.loaded.decoder.layers for name in ("qkv", "o", "gate_up", "down")]
+    inputs = {w.shape[1]: torch.randn(tokens, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+
+    def forward():
+        for w in weights:
+            F.linear(inputs[w.shape[1]], w)
+
+    forward()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        forward()
+    end.record()
+    torch.cuda.synchronize()
+    return tokens / (start.elapsed_time(end) / iters * 1e-3)
+
+
+SUITE = {  # issue 23's workloads: (requests, concurrency, bench_serving.py arguments)
+    "prefill_only": (256, 64, ("--workload", "fixed", "--input-len", "1024", "--output-len", "1")),
+    "a": (256, 64, ("--workload", "fixed", "--input-len", "1024", "--output-len", "256")),
+    "b": (256, 256, ("--workload", "fixed", "--input-len", "1024", "--output-len", "256")),
+    "c": (1000, 128, ("--workload", "mixed", "--min-input", "50", "--max-input", "2000", "--min-output", "20",
+                      "--max-output", "1000")),
+    "d": (256, 64, ("--workload", "chat", "--system-len", "2000", "--input-len", "100", "--output-len", "128",
+                    "--turns", "4")),
+}
+
+
+def decode_step_s(model, rows: int) -> float:
+    """The measured device time of the decode graph that holds ``rows`` rows (the scheduler's
+    median estimate, from this run's own steps; the general variant when both are measured)."""
+    sched = model.runtime.scheduler
+    general, greedy = sched.decode_graph_for[min(rows, len(sched.decode_graph_for) - 1)]
+    estimates = [sched.timing.estimate_ns(g.index) for g in (general, greedy) if g is not None]
+    measured = [e for e in estimates if e]
+    return min(measured) * 1e-9 if measured else float("nan")
+
+
+def serving_suite(model, args) -> None:
+    """Issue 23's serving workloads through HTTP, each beside its bound from this run's GEMM
+    rate and decode step time: a step carries prompt tokens at the GEMM rate at best, and a
+    request's output tokens take one step each, a step costing at least the decode step of the
+    rows it carries, so wall >= max(prompt + output tokens over the GEMM rate, sequential decode
+    steps x decode step time)."""
+    from busy import serve_and_measure
+
+    from flare.engine.native import NativeEngine, load_frontend
+
+    rate = gemm_rate(model)
+    RESULTS["gemm_prompt_tok_s"] = round(rate)
+    log(f"torch bf16 GEMMs of the model's layers at 2,048-token batches: {rate:,.0f} tokens/s")
+    engine = NativeEngine(model, load_frontend(model.core), ("bench",))
+    max_active = model.loaded.contract.max_active
+    for name in args.suite.split(","):
+        requests, concurrency, load = SUITE[name]
+        run = serve_and_measure(engine, full=min(concurrency, max_active), requests=requests, concurrency=concurrency,
+                                input_len=args.input_len, output_len=args.output_len, vocab=args.prompt_vocab,
+                                queue_capacity=1024, timeout=600, load_args=load)
+        r = run.result
+        live = min(concurrency, max_active)
+        step = decode_step_s(model, live)
+        prompt = r.get("prompt_tokens", 0) - r.get("cached_tokens", 0)
+        per_request = r["output_tokens"] / max(1, r["requests"] - r["failed"])
+        waves = -(-r["requests"] // live)
+        bound_s = max((prompt + r["output_tokens"]) / rate, waves * per_request * step)
+        r.update(bound_s=round(bound_s, 2), vs_bound=round(bound_s / r["wall_s"], 3),
+                 decode_step_ms=round(step * 1e3, 2), busy_steady=round(run.busy_steady, 3),
+                 prompt_tok_s=round(r.get("prompt_tokens", 0) / r["wall_s"]))
+        RESULTS[f"suite_{name}"] = r
+        log(f"({name}) {run.summary}; total {r['total_tok_s']} tok/s, prompt {r['prompt_tok_s']} tok/s; bound "
+            f"{bound_s:.2f} s -> {r['vs_bound']:.0%} of it (decode step {step * 1e3:.2f} ms at {live} rows)"
+            + (f"; cached share {r['cached_share']} (ideal {r['ideal_cached_share']})" if "cached_share" in r else ""))
+        save_results(args.out)
+    sched = model.runtime.scheduler
+    RESULTS["suite_launches"] = {k.name.lower(): v for k, v in sched.launches.items() if v}
+
+
 def profile_decode(model, out: Path | None) -> None:
     """Diagnostic, last (it writes into whatever state the buffers hold): the batch-1 greedy
     decode program run eagerly under the CUDA profiler, for the kernels a step launches
@@ -609,6 +694,11 @@ def main() -> int:
     parser.add_argument("--skip-hf-timing", action="store_true", help="transformers only for teacher forcing")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--skip-structured", action="store_true", help="no structured-output decode rounds")
+    parser.add_argument("--suite", default="", help="issue 23's serving workloads to run, e.g. prefill_only,a,b,c,d "
+                                                    "(a core with --max-active slots, mixed steps, --chunk)")
+    parser.add_argument("--max-active", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=512, help="the core's prefill_chunk_size")
+    parser.add_argument("--no-mixed", action="store_true", help="load the core without its MIXED graphs")
     add_load_arguments(parser)
     parser.add_argument("--prompt-vocab", type=int, default=120000, help="random prompt token ids below this")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -617,15 +707,17 @@ def main() -> int:
     from flare.engine.model import NativeModel
 
     RESULTS.update(shape=args.shape, device=torch.cuda.get_device_name(), torch=torch.__version__)
-    ckpt, core = args.workdir / f"{args.shape}-hf", args.workdir / f"{args.shape}-core"
+    ckpt = args.workdir / f"{args.shape}-hf"
+    core = args.workdir / (f"{args.shape}-core-{args.max_active}-{args.chunk}" + ("-mixed" if args.suite else ""))
     make_checkpoint(ckpt, args.shape, args.tokenizer)
-    export(ckpt, core, args.context)
+    export(ckpt, core, args.context, max_active=args.max_active, chunk=args.chunk, mixed=bool(args.suite))
     seq = torch.randint(1000, 120000, (512,), generator=torch.Generator().manual_seed(3))
     if not args.skip_hf:
         hf_part(ckpt, seq, args.hf_compile, timing=not args.skip_hf_timing)
         save_results(args.out)
     t0 = time.perf_counter()
-    model = NativeModel.load(core, EngineConfig(device="cuda", max_active=64), progress=log)
+    model = NativeModel.load(core, EngineConfig(device="cuda", max_active=args.max_active,
+                                                mixed_prefill=False if args.no_mixed else None), progress=log)
     RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
     log(f"flare loaded and captured in {RESULTS['load_and_capture_s']} s")
     try:
@@ -636,7 +728,9 @@ def main() -> int:
         if not args.skip_structured:
             structured_runs(model, args.out)
             save_results(args.out)
-        if not args.skip_serving:
+        if args.suite:
+            serving_suite(model, args)
+        elif not args.skip_serving:
             serving(model, args)
         profile_decode(model, args.out)
     finally:

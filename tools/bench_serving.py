@@ -7,6 +7,17 @@ concurrency over raw keep-alive HTTP/1.1 connections, parses the SSE stream
 and reports output tokens/s, TTFT and inter-token latency percentiles. Last
 line: one JSON object.
 
+Workloads (--workload):
+- ``fixed``: every request --input-len in, --output-len out (issue 23's (a) and (b));
+- ``mixed``: prompt and output lengths log-uniform in [--min-input, --max-input] and
+  [--min-output, --max-output] ((c): 50-2,000 in, 20-1,000 out);
+- ``chat``: multi-turn chats on /v1/chat/completions sharing one system prompt of
+  --system-len tokens; each turn sends the whole conversation so far (the replies the
+  server streamed back included) plus a new user message of --input-len tokens ((d)).
+  A first request warms the system prompt; the report adds the cached-token share and the
+  ideal share (each first turn reuses the system message, each later turn its previous
+  turn's whole prompt), both from the server's usage counts and /tokenize.
+
     python tools/bench_serving.py --url http://127.0.0.1:8000 --model NAME \\
         --requests 256 --concurrency 64 --input-len 1024 --output-len 256 --vocab 128000
 """
@@ -16,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
@@ -32,7 +44,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Result:
-    __slots__ = ("ttft", "itl", "tokens", "start", "end", "error")
+    __slots__ = ("ttft", "itl", "tokens", "start", "end", "error", "prompt_tokens", "cached_tokens", "text")
 
     def __init__(self):
         self.ttft = None
@@ -40,6 +52,8 @@ class Result:
         self.tokens = 0
         self.start = self.end = 0.0
         self.error = None
+        self.prompt_tokens = self.cached_tokens = 0
+        self.text: list[str] = []
 
 
 async def one_request(host: str, port: int, path: str, body: bytes, headers: str) -> Result:
@@ -95,8 +109,13 @@ async def one_request(host: str, port: int, path: str, body: bytes, headers: str
                 usage = message.get("usage")
                 if usage:
                     result.tokens = usage.get("completion_tokens", result.tokens)
+                    result.prompt_tokens = usage.get("prompt_tokens", 0)
+                    result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
                 choices = message.get("choices") or []
-                if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+                if choices:
+                    piece = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or ""
+                    result.text.append(piece)
+                if choices and (piece or choices[0].get("finish_reason") is None):
                     if result.ttft is None:
                         result.ttft = now - result.start
                     elif last is not None:
@@ -108,40 +127,125 @@ async def one_request(host: str, port: int, path: str, body: bytes, headers: str
         writer.close()
 
 
+def log_uniform(rng: random.Random, low: int, high: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+
+
+WORDS = ("time person year way day thing man world life hand part child eye woman place work week case "
+         "point government company number group problem fact").split()
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+async def post_json(host: str, port: int, path: str, payload: dict, headers: str) -> dict:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        body = json.dumps(payload).encode()
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n{headers}\r\n".encode() + body)
+        await writer.drain()
+        raw = await reader.read()
+        return json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    finally:
+        writer.close()
+
+
+def completion_body(args, prompt: list[int], max_tokens: int) -> bytes:
+    return json.dumps({"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
+
+
+def chat_body(args, messages: list[dict], max_tokens: int) -> bytes:
+    return json.dumps({"model": args.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
+
+
+async def run_chat(args, host: str, port: int, headers: str, rng: random.Random) -> tuple[list[Result], dict]:
+    """The chat workload: concurrent conversations of --turns turns over one system prompt."""
+    system = {"role": "system", "content": words(rng, args.system_len)}
+    boundary = len((await post_json(host, port, "/tokenize", {"model": args.model, "messages": [system],
+                                                               "add_generation_prompt": False}, headers))["tokens"])
+    for greeting in ("hello", "hello again"):  # the second runs on measured step costs, so it checkpoints the system
+        await one_request(host, port, "/v1/chat/completions",
+                          chat_body(args, [system, {"role": "user", "content": greeting}], 1), headers)
+    conversations = max(1, args.requests // args.turns)
+    results: list[tuple[int, Result]] = []  # (turn, result), turns in order within a conversation
+    ideal = [0]
+
+    async def conversation(c: int):
+        messages = [system]
+        previous_prompt = 0
+        for turn in range(args.turns):
+            messages.append({"role": "user", "content": words(rng, args.input_len)})
+            result = await one_request(host, port, "/v1/chat/completions",
+                                       chat_body(args, messages, args.output_len), headers)
+            results.append((turn, result))
+            ideal[0] += previous_prompt if turn else boundary
+            previous_prompt = result.prompt_tokens
+            messages.append({"role": "assistant", "content": "".join(result.text)})
+
+    slots = asyncio.Semaphore(args.concurrency)
+
+    async def limited(c: int):
+        async with slots:
+            await conversation(c)
+
+    await asyncio.gather(*(limited(c) for c in range(conversations)))
+    prompt = sum(r.prompt_tokens for _, r in results)
+    cached = sum(r.cached_tokens for _, r in results)
+    return [r for _, r in results], {
+        "prompt_tokens": prompt, "cached_tokens": cached, "system_tokens": boundary,
+        "cached_share": round(cached / prompt, 4) if prompt else None,
+        "ideal_cached_share": round(ideal[0] / prompt, 4) if prompt else None,
+    }
+
+
 async def run(args) -> dict:
     url = urlsplit(args.url)
     host, port = url.hostname, url.port or 80
     rng = random.Random(args.seed)
     headers = f"Authorization: Bearer {args.api_key}\r\n" if args.api_key else ""
-    bodies = []
-    for _ in range(args.requests):
-        prompt = [rng.randrange(args.vocab_low, args.vocab) for _ in range(args.input_len)]
-        bodies.append(json.dumps({
-            "model": args.model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-        }).encode())
-    queue: asyncio.Queue = asyncio.Queue()
-    for body in bodies:
-        queue.put_nowait(body)
     results: list[Result] = []
-
-    async def worker():
-        while not queue.empty():
-            body = queue.get_nowait()
-            results.append(await one_request(host, port, "/v1/completions", body, headers))
-
+    extra: dict = {}
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    if args.workload == "chat":
+        results, extra = await run_chat(args, host, port, headers, rng)
+    else:
+        bodies = []
+        for _ in range(args.requests):
+            if args.workload == "mixed":
+                n, out = log_uniform(rng, args.min_input, args.max_input), log_uniform(rng, args.min_output,
+                                                                                      args.max_output)
+            else:
+                n, out = args.input_len, args.output_len
+            bodies.append(completion_body(args, [rng.randrange(args.vocab_low, args.vocab) for _ in range(n)], out))
+            extra["prompt_tokens"] = extra.get("prompt_tokens", 0) + n
+        queue: asyncio.Queue = asyncio.Queue()
+        for body in bodies:
+            queue.put_nowait(body)
+
+        async def worker():
+            while not queue.empty():
+                body = queue.get_nowait()
+                results.append(await one_request(host, port, "/v1/completions", body, headers))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
     wall = time.perf_counter() - start
     ok = [r for r in results if r.error is None]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     itl = [x for r in ok for x in r.itl]
     tokens = sum(r.tokens for r in ok)
     return {
+        "workload": args.workload, "concurrency": args.concurrency,
         "requests": len(results), "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if r.error})[:5],
         "wall_s": round(wall, 3), "output_tokens": tokens,
         "output_tok_s": round(tokens / wall, 1),
+        "total_tok_s": round((tokens + extra.get("prompt_tokens", 0)) / wall, 1),
+        **extra,
         "ttft_p50_ms": round(percentile(ttft, 50) * 1e3, 1), "ttft_p99_ms": round(percentile(ttft, 99) * 1e3, 1),
         "itl_p50_ms": round(percentile(itl, 50) * 1e3, 2), "itl_p99_ms": round(percentile(itl, 99) * 1e3, 2),
         "itl_mean_ms": round(statistics.fmean(itl) * 1e3, 2) if itl else None,
@@ -155,6 +259,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--workload", choices=("fixed", "mixed", "chat"), default="fixed")
+    parser.add_argument("--min-input", type=int, default=50)
+    parser.add_argument("--max-input", type=int, default=2000)
+    parser.add_argument("--min-output", type=int, default=20)
+    parser.add_argument("--max-output", type=int, default=1000)
+    parser.add_argument("--system-len", type=int, default=2000, help="chat: system prompt words (about a token each)")
+    parser.add_argument("--turns", type=int, default=4, help="chat: turns per conversation")
 
 
 def main() -> int:

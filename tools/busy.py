@@ -67,7 +67,7 @@ class ServingRun:
 
 
 def serve_and_measure(engine, *, full: int, requests: int, concurrency: int, input_len: int, output_len: int,
-                      vocab: int, queue_capacity: int, timeout: float) -> ServingRun:
+                      vocab: int, queue_capacity: int, timeout: float, load_args: tuple[str, ...] = ()) -> ServingRun:
     """Serve ``engine`` on a free local port and run the load client against it."""
     from flare.config import ServerConfig
     from flare.server.session import Server
@@ -81,7 +81,7 @@ def serve_and_measure(engine, *, full: int, requests: int, concurrency: int, inp
             run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
                                   "--url", session.base_url, "--model", "bench", "--requests", str(requests),
                                   "--concurrency", str(concurrency), "--input-len", str(input_len),
-                                  "--output-len", str(output_len), "--vocab", str(vocab)],
+                                  "--output-len", str(output_len), "--vocab", str(vocab), *load_args],
                                  capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
         busy = engine.stats().device_busy_seconds - busy0

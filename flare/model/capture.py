@@ -41,6 +41,8 @@ class CapturedGraphs:
 
 
 def _size(graph) -> tuple[int, int]:
+    if graph.kind == GraphKind.MIXED:  # one flat stream of p + w tokens
+        return (graph.tokens + graph.width, 1)
     return (graph.batch * graph.tokens, int(graph.kind == GraphKind.PREFILL))
 
 

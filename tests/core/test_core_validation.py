@@ -137,7 +137,7 @@ DAMAGES = {
     "other_page_tokens": (_edit_field("contract.page_tokens", 32), "core.json",
                           "contract.page_tokens must be 64 (the page size this Flare runs), got 32"),
     "negative_max_active": (_edit_field("contract.max_active", -1), "core.json",
-                            "contract.max_active must be an integer from 1 to 64, got -1"),
+                            "contract.max_active must be an integer from 1 to 256, got -1"),
     "chunk_not_a_page_multiple": (_edit_field("contract.prefill_chunk_size", 100), "core.json",
                                   "contract.prefill_chunk_size must be a multiple of contract.page_tokens 64"),
     "chunk_beyond_context": (_edit_field("contract.prefill_chunk_size", 512), "core.json",

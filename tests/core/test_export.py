@@ -67,7 +67,7 @@ def test_output_directory_with_other_files_is_refused(checkpoint, tmp_path):
 @pytest.mark.parametrize("options,message", [
     (ExportOptions(context=256, prefill_chunk_size=100), "multiple of 64"),
     (ExportOptions(context=256, prefill_chunk_size=512), "exceeds the context"),
-    (ExportOptions(context=256, prefill_chunk_size=128, max_active=65), "max_active"),
+    (ExportOptions(context=256, prefill_chunk_size=128, max_active=257), "max_active"),
     (ExportOptions(context=256, prefill_chunk_size=128, dtype="int4"), "unsupported dtype"),
 ])
 def test_bad_options_are_refused_and_nothing_is_written(checkpoint, tmp_path, options, message):

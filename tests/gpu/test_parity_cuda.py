@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from tests.model.harness import Harness, save_tiny
-from tests.model.test_parity_tiny import _greedy, _make, _prompt, _reference, resume_after_decode_steps
+from tests.model.test_parity_tiny import (
+    _greedy,
+    _make,
+    _prompt,
+    _reference,
+    mixed_steps_match_transformers,
+    resume_after_decode_steps,
+)
 
 STEPS = 64
 
@@ -37,3 +44,23 @@ def test_greedy_tokens_match_transformers_for_64_steps(tiny_cuda):
 def test_resume_from_a_snapshot_taken_after_decode_steps(tiny_cuda):
     """The captured graphs: the decode commit kernel stores the hidden row a snapshot keeps."""
     resume_after_decode_steps(tiny_cuda[1])
+
+
+def _check_cuda(model, prompt, tokens, logits) -> None:
+    ref = _reference(model, prompt, tokens)
+    assert ref.argmax(-1).tolist() == tokens, "greedy tokens differ from transformers"
+    assert (torch.stack(logits) - ref).abs().max().item() <= 2e-3
+
+
+def test_captured_mixed_steps_match_transformers(tmp_path_factory):
+    """MIXED graphs captured on the GPU (the packed-rows kernel beside the decode kernel):
+    decoders riding inside packed prefill steps still match transformers alone."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _make("qwen3")
+    ckpt = save_tiny(model, tmp_path_factory.mktemp("mixed-ckpt"))
+    h = Harness.export(ckpt, tmp_path_factory.mktemp("mixed-core") / "core", context=1024, chunk=128,
+                       device="cuda", max_active=8, mixed_prefill=True)
+    try:
+        mixed_steps_match_transformers(model, h, _check_cuda)
+    finally:
+        h.executor.close()

@@ -137,7 +137,12 @@ def test_mixed_steps_match_transformers(tiny_mixed):
     """Decode rows riding inside packed prefill steps: two requests decode while three
     prompts prefill packed in one stream (one of them cut across two steps, one finishing in
     the first), and every request's tokens and logits still match transformers alone."""
-    model, h = tiny_mixed
+    mixed_steps_match_transformers(*tiny_mixed)
+
+
+def mixed_steps_match_transformers(model, h, check=None) -> None:
+    """The body of test_mixed_steps_match_transformers (tests/gpu runs it on captured graphs)."""
+    check = check or _check
     prompts = {slot: _prompt(200 + slot, n) for slot, n in zip((1, 2, 3, 4, 5), (20, 45, 37, 70, 9))}
     for slot, p in prompts.items():
         h.admit(slot, prompt=p)
@@ -159,7 +164,7 @@ def test_mixed_steps_match_transformers(tiny_mixed):
     tokens[4], logits[4] = [out[4]], [h.logits(4)]
     h.decode_steps(tokens, logits, 6)
     for s, p in prompts.items():
-        _check(model, p, tokens[s], logits[s])
+        check(model, p, tokens[s], logits[s])
 
 
 def test_ragged_batch_decode(tiny):

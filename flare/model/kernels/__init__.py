@@ -33,6 +33,8 @@ from .attention import (
     PREFILL_LAUNCH,
     AttentionLaunch,
     choose_num_splits,
+    packed_attention,
+    packed_rows_attention,
     paged_attention,
     paged_decode_attention,
     paged_prefill_attention,
@@ -63,6 +65,6 @@ __all__ = [
     "linear_add_rms_norm_small_m", "linear_float", "linear_qkv_rope_small_m", "linear_qkv_rope_write", "linear_silu",
     "linear_silu_small_m", "linear_small_m", "prefers_small_m",
     "AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "choose_num_splits", "paged_attention",
-    "paged_decode_attention", "paged_prefill_attention",
+    "paged_decode_attention", "paged_prefill_attention", "packed_attention", "packed_rows_attention",
     "add_rms_norm", "embed_rms_norm", "qkv_rope_write", "rms_norm", "silu_mul",
 ]

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ...config import PAGE_TOKENS
-from ..attention import AttentionBatch, fresh_sdpa_attention
+from ..attention import AttentionBatch, PackedBatch, PackedRows, fresh_sdpa_attention
 from ._common import (
     dot_precision,
     next_power_of_2,
@@ -79,7 +79,7 @@ NEG_BIG = tl.constexpr(-1.0e30)
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
-    positions_ptr, page_table_ptr, kv_lens_ptr,
+    positions_ptr, page_table_ptr, kv_lens_ptr, q_start_ptr, q_len_ptr,
     qk_scale, batch_size, num_queries, num_heads, max_pages, num_pool_pages,
     s_qb, s_qq, s_qh,
     s_ob, s_oq, s_oh,
@@ -90,6 +90,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     # MERGE_IN_KERNEL (with NUM_SPLITS > 1): no merge kernel. Of a (row, kv head, block),
     # only the splits that hold keys take part: one alone writes the output, several
@@ -107,7 +108,14 @@ def _paged_attention_kernel(
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     token = rows // GROUP
     head = kv_head * GROUP + rows % GROUP
-    row_ok = token < num_queries
+    # VARLEN (packed rows): row b's queries are the flat tokens q_start[b] .. + q_len[b] of a
+    # [1, N] stream (its batch strides are 0); num_queries bounds the grid, not the row.
+    if VARLEN:
+        q0 = tl.load(q_start_ptr + b)
+        row_ok = token < tl.load(q_len_ptr + b)
+    else:
+        q0 = 0
+        row_ok = token < num_queries
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < HEAD_DIM
 
@@ -115,7 +123,7 @@ def _paged_attention_kernel(
     # page table so padding rows with garbage metadata stay in bounds.
     kv_len = tl.load(kv_lens_ptr + b)
     kv_len = tl.minimum(tl.maximum(kv_len, 0), max_pages * PAGE)
-    position = tl.load(positions_ptr + b * s_pb + token * s_pq, mask=row_ok, other=-1)
+    position = tl.load(positions_ptr + b * s_pb + (q0 + token) * s_pq, mask=row_ok, other=-1)
     limit = tl.minimum(position + 1, kv_len)
     limit = tl.where(row_ok, tl.maximum(limit, 0), 0)  # [BLOCK_M]
     # Keys are visited BLOCK_N = PAGE * PAGES_PER_STEP at a time.
@@ -150,7 +158,7 @@ def _paged_attention_kernel(
         new_k = tl.load(k_base + new_at + dims, mask=dim_ok & new_in_first, other=0.0)
         new_v = tl.load(v_base + (new_page * s_vp + (new_key % PAGE) * s_vt) + dims, mask=dim_ok & new_in_first,
                         other=0.0)
-    q = tl.load(q_ptr + b * s_qb + token[:, None] * s_qq + head[:, None] * s_qh + dims[None, :],
+    q = tl.load(q_ptr + b * s_qb + (q0 + token[:, None]) * s_qq + head[:, None] * s_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
     if PRELOAD:
         lane_new = (offs_n == new_key % BLOCK_N) & new_in_first  # [BLOCK_N]
@@ -170,7 +178,7 @@ def _paged_attention_kernel(
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     store_ok = row_ok[:, None] & dim_ok[None, :]
-    out_rows = out_ptr + b * s_ob + token[:, None] * s_oq + head[:, None] * s_oh + dims[None, :]
+    out_rows = out_ptr + b * s_ob + (q0 + token[:, None]) * s_oq + head[:, None] * s_oh + dims[None, :]
     if MERGE_IN_KERNEL:
         # Splits holding keys: the first cdiv(num_steps, steps_per_split) (none for a
         # padding row, whose output split 0 writes as zeros).
@@ -421,7 +429,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     preload = launch.preload and nq == 1 and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
         q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out,
-        pos, table, batch.kv_lens,
+        pos, table, batch.kv_lens, batch.kv_lens, batch.kv_lens,
         float(scale) * LOG2_E, b, nq, h, max_pages, num_pages,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
@@ -431,7 +439,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
         PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
         NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None,
-        PRELOAD=preload, PDL=pdl,
+        PRELOAD=preload, PDL=pdl, VARLEN=False,
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
     )
     if num_splits > 1 and counters is None:
@@ -507,5 +515,68 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return torch.where(fresh.view(-1, 1, 1, 1), own, cached)
 
 
+def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: PackedRows,
+                          scale: float, *, launch: AttentionLaunch | None = None) -> torch.Tensor:
+    """Packed prefill rows, q ``[p, H, D]`` -> ``[p, H, D]`` (zeros where no row owns a token).
+
+    Contract: :func:`flare.model.attention.packed_rows_reference`. One program per (query
+    block, row, kv head) as for a chunk, the row's queries found at ``rows.q_start`` in the
+    flat stream; blocks past a row's ``q_len`` read nothing. The grid is sized for the
+    longest possible row (all p tokens), so it is static per captured graph; no context
+    splits (a packed step's rows fill the GPU by themselves).
+    """
+    kernel = "packed_rows_attention"
+    launch = launch or PREFILL_LAUNCH
+    require(q.dim() == 3, kernel, f"q must be [p, H, D], got shape {tuple(q.shape)}")
+    p, h, d = q.shape
+    r = rows.q_start.shape[0]
+    require(tuple(rows.positions.shape) == (p,), kernel,
+            f"positions must be [p] = {(p,)}, got {tuple(rows.positions.shape)}")
+    for name, t in (("q_start", rows.q_start), ("q_len", rows.q_len)):
+        require(tuple(t.shape) == (r,) and t.is_contiguous(), kernel, f"{name} must be a contiguous [R={r}]")
+    flat = rows.positions.view(1, p)
+    _check(kernel, q.view(1, p, h, d), k_pool, v_pool,
+           AttentionBatch(positions=flat, write_index=flat, page_table=rows.page_table[:1], kv_lens=rows.kv_lens[:1]))
+    require(rows.page_table.dim() == 2 and rows.page_table.shape[0] == r and rows.page_table.stride(1) == 1, kernel,
+            f"page_table must be [R={r}, Pmax] with contiguous rows, got {tuple(rows.page_table.shape)}")
+    require(tuple(rows.kv_lens.shape) == (r,) and rows.kv_lens.is_contiguous(), kernel,
+            f"kv_lens must be a contiguous [R={r}]")
+    num_pages, _, hkv, _ = k_pool.shape
+    group = h // hkv
+    block_m = launch.block_m or 64
+    num_blocks = -(-p * group // block_m)
+    out = torch.zeros((p, h, d), dtype=q.dtype, device=q.device)
+    pdl = pdl_level(q)
+    _paged_attention_kernel[(num_blocks, r * hkv, 1)](
+        q, k_pool, v_pool, out, out, out, out,
+        rows.positions, rows.page_table, rows.kv_lens, rows.q_start, rows.q_len,
+        float(scale) * LOG2_E, r, p, h, rows.page_table.shape[1], num_pages,
+        0, q.stride(0), q.stride(1),
+        0, out.stride(0), out.stride(1),
+        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+        0, rows.positions.stride(0), rows.page_table.stride(0),
+        NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)), BLOCK_M=block_m,
+        PAGE=PAGE_TOKENS, PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
+        NUM_SPLITS=1, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=False, PRELOAD=False, PDL=pdl,
+        VARLEN=True, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
+    )
+    return out
+
+
+def packed_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PackedBatch,
+                     scale: float) -> torch.Tensor:
+    """Drop-in for ``packed_attention_reference``: the packed rows with
+    :func:`packed_rows_attention`, the decode cohort with the decode kernel (its own context
+    splits; no preload, since this step's metadata comes from torch ops in the chain)."""
+    p = batch.prefill.positions.shape[0]
+    parts = [packed_rows_attention(q[0, :p], k_pool, v_pool, batch.prefill, scale)]
+    if batch.decode is not None:
+        parts.append(paged_decode_attention(q[0, p:].unsqueeze(1), k_pool, v_pool, batch.decode, scale,
+                                            launch=replace(DECODE_LAUNCH, preload=False))[:, 0])
+    return torch.cat(parts).unsqueeze(0)
+
+
 __all__ = ["AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "MAX_SPLITS", "PAGE_TOKENS", "choose_num_splits",
-           "paged_attention", "paged_decode_attention", "paged_prefill_attention"]
+           "packed_attention", "packed_rows_attention", "paged_attention", "paged_decode_attention",
+           "paged_prefill_attention"]

@@ -20,7 +20,7 @@ from flare.model.kernels import (
     paged_prefill_attention,
 )
 
-from ..paged_cases import build_case, check_attention
+from ..paged_cases import build_case, check_attention, tolerance
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -195,3 +195,71 @@ def test_prefill_dispatch_mixes_fresh_and_cached_rows(dtype):
     own = fresh_sdpa_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale)
     assert torch.equal(out[0], own[0]), "the fresh row must come from SDPA"
     assert not torch.equal(out[1], own[1]), "the cached row must come from the paged kernel"
+
+
+def _packed_rows(case, num_new: list[int], pad_tokens: int):
+    """The real tokens of a rectangular case's rows, packed back to back into one flat stream
+    (then ``pad_tokens`` tokens no row owns): the PackedRows of a MIXED step."""
+    from flare.model.attention import PackedRows
+
+    q = torch.cat([case.q[row, :n] for row, n in enumerate(num_new)]
+                  + [torch.randn(pad_tokens, *case.q.shape[2:]).to(case.q.dtype)])
+    positions = torch.cat([case.batch.positions[row, :n] for row, n in enumerate(num_new)]
+                          + [torch.full((pad_tokens,), 7, dtype=torch.int64)])
+    lens = torch.tensor(num_new, dtype=torch.int64)
+    starts = torch.cumsum(lens, 0) - lens
+    return q, PackedRows(positions=positions, q_start=starts, q_len=lens, page_table=case.batch.page_table,
+                         kv_lens=case.batch.kv_lens)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_packed_rows_match_each_row_as_a_chunk(dtype):
+    """Variable-length rows packed in one stream (a fresh prompt, a chunk over a cached
+    prefix, a one-token row, an empty padding row, trailing padding tokens) get what each
+    row gets as its own prefill chunk; tokens no row owns come out zero."""
+    from flare.model.attention import packed_rows_reference
+    from flare.model.kernels import packed_rows_attention
+
+    num_new = [70, 30, 1, 0]
+    case = build_case(kv_lens=[70, 190, 5, 0], q_len=70, num_heads=8, num_kv_heads=2, head_dim=64, max_pages=4,
+                      dtype=dtype, seed=11, num_new=num_new, padding_rows=(3,))
+    q, rows = _packed_rows(case, num_new, pad_tokens=9)
+    got = packed_rows_attention(q, case.k_pool, case.v_pool, rows, case.scale)
+    want = packed_rows_reference(q, case.k_pool, case.v_pool, rows, case.scale)
+    rect = case.reference()
+    total = sum(num_new)
+    assert torch.equal(got[total:], torch.zeros_like(got[total:]))
+    max_abs, _ = tolerance(dtype)
+    at = 0
+    for row, n in enumerate(num_new):
+        if n:
+            assert (got[at:at + n].float() - rect[row, :n].float()).abs().max() <= max_abs
+        at += n
+    assert (got.float() - want.float()).abs().max() <= max_abs
+
+
+def test_packed_attention_runs_the_decode_cohort_beside_the_rows():
+    """A packed step's attention: the prefill rows, then decode rows as a [w, 1] decode batch."""
+    from flare.model.attention import PackedBatch, packed_attention_reference
+    from flare.model.kernels import packed_attention
+
+    num_new = [40, 3]
+    rows_case = build_case(kv_lens=[40, 100], q_len=40, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=3,
+                           dtype=torch.bfloat16, seed=12, num_new=num_new)
+    q_rows, rows = _packed_rows(rows_case, num_new, pad_tokens=0)
+    dec = build_case(kv_lens=[1, 129, 65], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=3,
+                     dtype=torch.bfloat16, seed=13)
+    # one pool for both: the decode rows' pages are appended after the rows' pages
+    offset = rows_case.k_pool.shape[0]
+    k_pool = torch.cat([rows_case.k_pool, dec.k_pool])
+    v_pool = torch.cat([rows_case.v_pool, dec.v_pool])
+    decode = AttentionBatch(dec.batch.positions, dec.batch.write_index,
+                            torch.where(dec.batch.page_table > 0, dec.batch.page_table + offset, 0), dec.batch.kv_lens)
+    n = q_rows.shape[0]
+    flat = torch.cat([rows.positions, decode.positions.view(-1)]).view(1, -1)
+    batch = PackedBatch(positions=flat, write_index=flat, prefill=rows, decode=decode)
+    q = torch.cat([q_rows, dec.q[:, 0]]).unsqueeze(0)
+    got = packed_attention(q, k_pool, v_pool, batch, rows_case.scale)
+    want = packed_attention_reference(q, k_pool, v_pool, batch, rows_case.scale)
+    assert got.shape == want.shape == (1, n + 3, 4, 32)
+    assert (got.float() - want.float()).abs().max() <= tolerance(torch.bfloat16)[0]
