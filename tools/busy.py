@@ -66,29 +66,42 @@ class ServingRun:
     full: int  # the slot count that counts as "all live"
 
 
-def serve_and_measure(engine, *, full: int, requests: int, concurrency: int, input_len: int, output_len: int,
-                      vocab: int, queue_capacity: int, timeout: float, load_args: tuple[str, ...] = ()) -> ServingRun:
-    """Serve ``engine`` on a free local port and run the load client against it."""
+def start_server(engine, queue_capacity: int):
+    """Serve ``engine`` on a free local port (close the returned session when done)."""
     from flare.config import ServerConfig
     from flare.server.session import Server
 
-    session = Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=queue_capacity,
-                                                log_level="warning"))
-    try:
-        busy0 = engine.stats().device_busy_seconds
-        t0 = time.perf_counter()
-        with BusySampler(engine, full=full) as sampler:
-            run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
-                                  "--url", session.base_url, "--model", "bench", "--requests", str(requests),
-                                  "--concurrency", str(concurrency), "--input-len", str(input_len),
-                                  "--output-len", str(output_len), "--vocab", str(vocab), *load_args],
-                                 capture_output=True, text=True, timeout=timeout)
-        wall = time.perf_counter() - t0
-        busy = engine.stats().device_busy_seconds - busy0
-    finally:
-        session.close(grace_s=1.0)
+    return Server.start(engine, ServerConfig(host="127.0.0.1", port=0, queue_capacity=queue_capacity,
+                                             log_level="warning"))
+
+
+def measure(engine, session, *, full: int, requests: int, concurrency: int, input_len: int, output_len: int,
+            vocab: int, timeout: float, load_args: tuple[str, ...] = ()) -> ServingRun:
+    """Run the load client against a server already serving ``engine``."""
+    busy0 = engine.stats().device_busy_seconds
+    t0 = time.perf_counter()
+    with BusySampler(engine, full=full) as sampler:
+        run = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_serving.py"),
+                              "--url", session.base_url, "--model", "bench", "--requests", str(requests),
+                              "--concurrency", str(concurrency), "--input-len", str(input_len),
+                              "--output-len", str(output_len), "--vocab", str(vocab), *load_args],
+                             capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    busy = engine.stats().device_busy_seconds - busy0
     lines = run.stdout.strip().splitlines()
     if run.returncode != 0 or not lines:
-        raise RuntimeError(f"bench_serving.py failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
+        raise RuntimeError(f"bench_serving.py failed (exit {run.returncode}):\n{run.stdout[-2000:]}\n"
+                           f"{run.stderr[-3000:]}")
     steady, steady_s = sampler.steady()
     return ServingRun(lines[0], json.loads(lines[-1]), steady, steady_s, busy / wall, wall, full)
+
+
+def serve_and_measure(engine, *, full: int, requests: int, concurrency: int, input_len: int, output_len: int,
+                      vocab: int, queue_capacity: int, timeout: float, load_args: tuple[str, ...] = ()) -> ServingRun:
+    """Serve ``engine`` on a free local port and run the load client against it once."""
+    session = start_server(engine, queue_capacity)
+    try:
+        return measure(engine, session, full=full, requests=requests, concurrency=concurrency, input_len=input_len,
+                       output_len=output_len, vocab=vocab, timeout=timeout, load_args=load_args)
+    finally:
+        session.close(grace_s=1.0)

@@ -333,7 +333,8 @@ class StepPrograms:
         batch = PackedBatch(positions=positions.view(1, -1), write_index=write.view(1, -1), prefill=rows,
                             decode=decode)
         hidden = self.decoder.forward(tokens.view(1, -1), batch, self.kv, sample_index)
-        self._sample_rows(slots, hidden, do_sample, GraphKind.MIXED, positions=new_positions, keep_hidden=True)
+        self._sample_rows(slots, hidden, do_sample, GraphKind.MIXED, graph.greedy, positions=new_positions,
+                          keep_hidden=True)
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]

@@ -109,7 +109,10 @@ class RequestScheduler:
         self._graphs: dict[GraphKind, list[GraphSpec]] = {}  # general graphs by kind
         greedy_decode: list[GraphSpec] = []
         for g in contract.graphs:
-            (greedy_decode if g.greedy else self._graphs.setdefault(g.kind, [])).append(g)
+            if g.kind == GraphKind.DECODE and g.greedy:
+                greedy_decode.append(g)
+            elif not g.greedy:
+                self._graphs.setdefault(g.kind, []).append(g)
         for graphs in (*self._graphs.values(), greedy_decode):
             graphs.sort(key=lambda g: (g.batch, g.tokens))
         # PREFILL graphs of one request (by token capacity) and cohort prefill graphs (b > 1)
@@ -117,8 +120,13 @@ class RequestScheduler:
         self._graphs[GraphKind.PREFILL] = [g for g in self._graphs[GraphKind.PREFILL] if g.batch == 1]
         # MIXED graphs by decode width, each list by prompt capacity
         self.mixed_graphs: dict[int, list[GraphSpec]] = {}
-        for g in self._graphs.get(GraphKind.MIXED, []):
-            self.mixed_graphs.setdefault(g.width, []).append(g)
+        self.mixed_greedy: dict[tuple[int, int], GraphSpec] = {}  # (w, p) -> its greedy variant
+        for g in contract.graphs:
+            if g.kind == GraphKind.MIXED:
+                if g.greedy:
+                    self.mixed_greedy[(g.width, g.tokens)] = g
+                else:
+                    self.mixed_graphs.setdefault(g.width, []).append(g)
         for graphs in self.mixed_graphs.values():
             graphs.sort(key=lambda g: g.tokens)
         self.mixed_widths = sorted(w for w in self.mixed_graphs if w)
@@ -273,7 +281,10 @@ class RequestScheduler:
         reused = hit.endpoint if hit else 0
         if hit:
             self.cache.pin(hit.checkpoint)
-        need = self.pages_for(length + req.max_tokens - 1) - reused // self.page_tokens
+        # Positions the steps map: the prompt and every output but the last, and at least the
+        # page holding a full hit's restored tail (RESTORE maps position `reused`), which a
+        # page-aligned full hit with max_tokens 1 would otherwise lack.
+        need = self.pages_for(max(length + req.max_tokens - 1, reused + 1)) - reused // self.page_tokens
         deficit = need - self._available_pages()
         if deficit > 0:
             self.cache.evict(page_target=deficit)

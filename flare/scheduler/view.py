@@ -63,6 +63,10 @@ class SchedulerView(Protocol):
         """MIXED graphs by decode width (0: packed prefill alone), each by prompt capacity."""
 
     @property
+    def mixed_greedy(self) -> "Mapping[tuple[int, int], GraphSpec]":
+        """The greedy variant of each MIXED graph, by (decode width, prompt capacity)."""
+
+    @property
     def mixed_widths(self) -> "Sequence[int]":
         """The MIXED decode widths above 0, ascending."""
 

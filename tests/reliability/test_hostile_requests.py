@@ -24,7 +24,7 @@ from hostile import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_harness import get_json, wait_idle
+from server_harness import get_json, post_json, wait_idle
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -97,6 +97,18 @@ def test_hostile_model_names_in_the_path(served):
         response = conn.getresponse()
         check_answer(response.status, response.read())
         conn.close()
+
+
+def test_a_repeated_page_aligned_prompt_with_one_output_token(served):
+    """The same 128-token prompt (two whole KV pages) sent again with max_tokens 1 is a full
+    cache hit; its restore needs one more page than the request ever writes, which admission
+    failed to reserve, stopping the model worker. Each answer comes back and the server lives."""
+    prompt = [40 + (i * 37) % 200 for i in range(128)]  # inside every served vocabulary (the fake's is 257)
+    for _ in range(3):
+        status, body = post_json(served, "/v1/completions", {"model": served.model, "prompt": prompt,
+                                                              "max_tokens": 1, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] == 1, body
+    assert get_json(served, "/health") == (200, {"status": "ok"})
 
 
 def test_the_log_is_clean_and_the_server_idle_after_the_sweep(served):

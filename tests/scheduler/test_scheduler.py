@@ -552,3 +552,19 @@ def test_mixed_steps_carry_the_decoders_through_prefill_and_match_solo_runs():
         assert d.tokens[rid] == alone(p, m, 5)
         assert d.ended[rid].reason == "length"
     assert sched.num_live == 0 and sched.reserved_pages == 0
+
+
+def test_a_page_aligned_full_hit_with_one_output_token_reserves_its_restored_tail():
+    """The same 128-token prompt (two whole pages) twice with max_tokens 1: the second is a
+    full prompt hit whose RESTORE maps the page after the prompt, which the reservation must
+    hold even though no output token is ever written there (it used to fail the worker)."""
+    sched, ex, d, _ = make(pages=200, chunk=256)
+    _warm(sched, d)
+    p = tokens(400, 128)
+    first = sched.submit(prompt(p), params(1), 0)
+    d.run()
+    second = sched.submit(prompt(p), params(1), 0)
+    d.run()
+    assert sched.cache.counters().reused_tokens >= 128
+    assert d.tokens[second] == d.tokens[first] and d.ended[second].reason == "length"
+    assert sched.num_live == 0 and sched.reserved_pages == 0

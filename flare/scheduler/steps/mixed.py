@@ -52,6 +52,7 @@ class Mixed(StepKind):
         decode_rows = [PlanRow(int(t.rid[slot]), s.live[int(t.rid[slot])].handle, int(t.epoch[slot]),
                                int(t.planned[slot]), 1, True, -1) for slot in decoding]
         decode_value = Decode.value(sel, decoding) if len(decoding) else 0.0
+        plain_decoders = bool(t.plain[decoding].all())
         unit = sel.pol.output_token_value
         order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
         per_token = {r.rid: sel.prefill_price_per_token(r) for r in order}
@@ -75,6 +76,8 @@ class Mixed(StepKind):
             if not rows or work == last_work:
                 continue  # nothing fits, or a smaller capacity consumes the same tokens
             last_work = work
+            if plain_decoders and all(t.plain[r.handle.slot] for r in rows if r.sample):
+                g = s.mixed_greedy.get((g.width, g.tokens), g)  # argmax sampling for every row
             out.append((GraphKind.MIXED, g, decode_rows + rows, value))
         return out
 
