@@ -33,6 +33,10 @@ class PolicyConfig:
     refresh_credit_fraction: float = 0.002 / 0.998
     refresh_credit_cap_s: float = 0.005
     timing_window: int = 9
+    # MIXED steps that carry decoders use at most this prompt capacity (vLLM's token budget): on
+    # the H200 (Llama-3-8B) a 1,024-token step with 64 decoders takes 30 ms and a 2,048-token one
+    # 56 ms, every decoder's inter-token gap (docs/benchmarks.md, "Serving under load").
+    mixed_token_budget: int = 1024
 
 
 @dataclass(frozen=True)

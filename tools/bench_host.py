@@ -39,12 +39,17 @@ from busy import serve_and_measure  # noqa: E402
 
 def cost_model(args):
     """Seconds a graph occupies the device: decode interpolated between the batch-1 and
-    batch-64 step times, prefill the weight pass plus compute per token."""
+    batch-64 step times (and on past 64), prefill the weight pass plus compute per token, a
+    mixed step a fixed part plus compute per prompt-capacity token and per decode row (its
+    graph runs its whole capacity, padding included). Defaults: the H200 Llama-3-8B graph
+    estimates of docs/benchmarks.md ("Serving under load")."""
     from flare.contract import GraphKind
 
     def device_time(graph) -> float:
         if graph.kind == GraphKind.DECODE:
             ms = args.decode_ms + (args.decode_ms_64 - args.decode_ms) * (graph.batch - 1) / 63
+        elif graph.kind == GraphKind.MIXED:
+            ms = args.mixed_ms + args.prefill_ms_per_token * graph.tokens + args.mixed_ms_per_row * graph.width
         elif graph.kind == GraphKind.PREFILL:
             ms = args.decode_ms + args.prefill_ms_per_token * graph.batch * graph.tokens
         else:  # initialize / snapshot / restore / resume: small copies and a sample
@@ -77,12 +82,12 @@ def build_engine(args):
     contract = PreparedContract.build(
         max_active=args.concurrency, context=args.context, prefill_chunk_size=args.prefill_chunk,
         num_pages=args.concurrency * pages_per_request + 64, num_snapshot_rows=2 * args.concurrency,
-        vocab_size=core.recipe.vocab_size, hidden_size=core.recipe.hidden_size)
+        vocab_size=core.recipe.vocab_size, hidden_size=core.recipe.hidden_size, mixed_prefill=args.mixed)
     executor = FakeExecutor(contract, read_history=False, device_time=cost_model(args))
     scheduler = RequestScheduler(contract, core_identity(core), eos_token_ids=core.recipe.eos_token_ids)
     runtime = ModelRuntime(scheduler, executor, decoder_factory=frontend.incremental_decoder,
                            capacity=args.requests + args.concurrency)
-    model = NativeModel(core, SimpleNamespace(contract=contract), executor, runtime, tokenizer=None)
+    model = NativeModel(core, SimpleNamespace(contract=contract, device="simulated"), executor, runtime, tokenizer=None)
     return NativeEngine(model, frontend, ("bench",)), contract
 
 
@@ -91,22 +96,30 @@ def main() -> int:
     add_load_arguments(parser)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--prefill-chunk", type=int, default=512)
-    parser.add_argument("--decode-ms", type=float, default=5.64, help="simulated batch-1 decode step")
-    parser.add_argument("--decode-ms-64", type=float, default=7.74, help="simulated batch-64 decode step")
-    parser.add_argument("--prefill-ms-per-token", type=float, default=0.027)
+    parser.add_argument("--decode-ms", type=float, default=3.73, help="simulated batch-1 decode step")
+    parser.add_argument("--decode-ms-64", type=float, default=5.70, help="simulated batch-64 decode step")
+    parser.add_argument("--prefill-ms-per-token", type=float, default=0.0225)
+    parser.add_argument("--mixed", action="store_true", help="a contract with MIXED graphs")
+    parser.add_argument("--mixed-ms", type=float, default=1.5, help="simulated mixed step: fixed part")
+    parser.add_argument("--mixed-ms-per-row", type=float, default=0.085, help="simulated mixed step: per decode row")
     parser.add_argument("--small-ms", type=float, default=0.05)
     args = parser.parse_args()
 
     engine, contract = build_engine(args)
-    run = serve_and_measure(engine, full=contract.max_active, requests=args.requests,
+    load = ("--workload", args.workload, "--min-input", str(args.min_input), "--max-input", str(args.max_input),
+            "--min-output", str(args.min_output), "--max-output", str(args.max_output),
+            "--system-len", str(args.system_len), "--turns", str(args.turns))
+    run = serve_and_measure(engine, full=min(contract.max_active, args.concurrency), requests=args.requests,
                             concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
-                            vocab=120000, queue_capacity=args.requests, timeout=1800)
+                            vocab=120000, queue_capacity=args.requests, timeout=1800, load_args=load)
     print(run.summary)
     result = run.result
     out = {"busy_fraction_steady": round(run.busy_steady, 3), "steady_s": round(run.steady_s, 1),
            "busy_fraction_whole_run": round(run.busy_whole, 3), "wall_s": round(run.wall_s, 1),
            "output_tok_s": result["output_tok_s"], "ttft_p50_ms": result["ttft_p50_ms"],
            "itl_p50_ms": result["itl_p50_ms"], "itl_p99_ms": result["itl_p99_ms"],
+           "ttft_p99_ms": result["ttft_p99_ms"], "total_tok_s": result.get("total_tok_s"),
+           "launches": {k: v for k, v in engine.stats().launches.items() if v},
            "simulated_decode_ms": [args.decode_ms, args.decode_ms_64]}
     print(f"simulated device busy {run.busy_steady:.1%} of {run.steady_s:.1f} s with all {run.full} slots live, "
           f"{run.busy_whole:.1%} of the whole {run.wall_s:.1f} s")

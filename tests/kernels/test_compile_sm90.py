@@ -211,6 +211,12 @@ def test_attention_kernels_compile_for_sm90(launches):
                          max_pages=6, dtype=torch.bfloat16, num_new=[128, 90])
     kernels.paged_prefill_attention(prefill.q, prefill.k_pool, prefill.v_pool, prefill.batch, prefill.scale)
     assert isinstance(prefill.batch, AttentionBatch)
+    from flare.model.attention import PackedRows  # a MIXED step's packed rows (the VARLEN variant)
+    lens = torch.tensor([128, 90])
+    rows = PackedRows(positions=torch.zeros(256, dtype=torch.int64), q_start=torch.cumsum(lens, 0) - lens,
+                      q_len=lens, page_table=prefill.batch.page_table, kv_lens=prefill.batch.kv_lens)
+    kernels.packed_rows_attention(prefill.q.reshape(-1, 32, 128), prefill.k_pool, prefill.v_pool, rows,
+                                  prefill.scale)
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
     assert len(names) >= 2, names

@@ -79,7 +79,7 @@ NEG_BIG = tl.constexpr(-1.0e30)
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
-    positions_ptr, page_table_ptr, kv_lens_ptr, q_start_ptr, q_len_ptr,
+    positions_ptr, page_table_ptr, kv_lens_ptr, q_start_ptr, q_len_ptr, block_row_ptr, block_idx_ptr,
     qk_scale, batch_size, num_queries, num_heads, max_pages, num_pool_pages,
     s_qb, s_qq, s_qh,
     s_ob, s_oq, s_oh,
@@ -102,8 +102,18 @@ def _paged_attention_kernel(
     block = tl.program_id(0)
     pair = tl.program_id(1)
     split = tl.program_id(2)
-    b = pair // NUM_KV_HEADS
-    kv_head = pair % NUM_KV_HEADS
+    if VARLEN:
+        # Packed rows: program (i, kv head) takes query block block_idx[i] of row block_row[i],
+        # so only blocks some row holds are launched; block_row[i] == batch_size marks the
+        # few spare programs of the static grid (they read and write nothing).
+        b = tl.load(block_row_ptr + block)
+        spare = b >= batch_size
+        b = tl.minimum(b, batch_size - 1)
+        block = tl.load(block_idx_ptr + block)
+        kv_head = pair
+    else:
+        b = pair // NUM_KV_HEADS
+        kv_head = pair % NUM_KV_HEADS
 
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     token = rows // GROUP
@@ -112,7 +122,7 @@ def _paged_attention_kernel(
     # [1, N] stream (its batch strides are 0); num_queries bounds the grid, not the row.
     if VARLEN:
         q0 = tl.load(q_start_ptr + b)
-        row_ok = token < tl.load(q_len_ptr + b)
+        row_ok = (token < tl.load(q_len_ptr + b)) & (not spare)
     else:
         q0 = 0
         row_ok = token < num_queries
@@ -429,7 +439,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     preload = launch.preload and nq == 1 and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
         q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out,
-        pos, table, batch.kv_lens, batch.kv_lens, batch.kv_lens,
+        pos, table, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens,
         float(scale) * LOG2_E, b, nq, h, max_pages, num_pages,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
@@ -515,15 +525,35 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return torch.where(fresh.view(-1, 1, 1, 1), own, cached)
 
 
+def _row_blocks(rows: PackedRows, group: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query blocks of packed rows as (row, block in row) per program, on the device.
+
+    A row of n tokens has ceil(n * group / block_m) blocks; together they number at most
+    ceil(p * group / block_m) + R - 1, the static grid (spare programs get row R). Made once
+    per step: the layers' launches share it (kept on ``rows``)."""
+    key = (group, block_m)
+    cached = getattr(rows, "_blocks", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    p, r = rows.positions.shape[0], rows.q_len.shape[0]
+    per_row = (rows.q_len * group + block_m - 1) // block_m
+    ends = torch.cumsum(per_row, 0)
+    index = torch.arange(-(-p * group // block_m) + r - 1, device=rows.q_len.device)
+    block_row = torch.searchsorted(ends, index, right=True)
+    block_idx = index - (ends - per_row)[block_row.clamp(max=r - 1)]
+    rows._blocks = (key, (block_row, block_idx))
+    return block_row, block_idx
+
+
 def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: PackedRows,
                           scale: float, *, launch: AttentionLaunch | None = None) -> torch.Tensor:
     """Packed prefill rows, q ``[p, H, D]`` -> ``[p, H, D]`` (zeros where no row owns a token).
 
     Contract: :func:`flare.model.attention.packed_rows_reference`. One program per (query
     block, row, kv head) as for a chunk, the row's queries found at ``rows.q_start`` in the
-    flat stream; blocks past a row's ``q_len`` read nothing. The grid is sized for the
-    longest possible row (all p tokens), so it is static per captured graph; no context
-    splits (a packed step's rows fill the GPU by themselves).
+    flat stream: only the blocks the rows hold are launched (:func:`_row_blocks`, a static grid
+    of at most ceil(p * G / block_m) + R - 1 programs per kv head). No context splits (a
+    packed step's rows fill the GPU by themselves).
     """
     kernel = "packed_rows_attention"
     launch = launch or PREFILL_LAUNCH
@@ -544,12 +574,12 @@ def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
     num_pages, _, hkv, _ = k_pool.shape
     group = h // hkv
     block_m = launch.block_m or 64
-    num_blocks = -(-p * group // block_m)
+    block_row, block_idx = _row_blocks(rows, group, block_m)
     out = torch.zeros((p, h, d), dtype=q.dtype, device=q.device)
     pdl = pdl_level(q)
-    _paged_attention_kernel[(num_blocks, r * hkv, 1)](
+    _paged_attention_kernel[(block_row.shape[0], hkv, 1)](
         q, k_pool, v_pool, out, out, out, out,
-        rows.positions, rows.page_table, rows.kv_lens, rows.q_start, rows.q_len,
+        rows.positions, rows.page_table, rows.kv_lens, rows.q_start, rows.q_len, block_row, block_idx,
         float(scale) * LOG2_E, r, p, h, rows.page_table.shape[1], num_pages,
         0, q.stride(0), q.stride(1),
         0, out.stride(0), out.stride(1),

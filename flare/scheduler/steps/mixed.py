@@ -53,13 +53,24 @@ class Mixed(StepKind):
                                int(t.planned[slot]), 1, True, -1) for slot in decoding]
         decode_value = Decode.value(sel, decoding) if len(decoding) else 0.0
         plain_decoders = bool(t.plain[decoding].all())
+        # The decoders would take a decode step anyway: in a mixed step they are credited the
+        # decode value of that step's duration, so the step's prompt tokens compete on the time
+        # they add, not on the decode step's value rate (which no prefill ever matches).
+        decode_ms = 0.0
+        if len(decoding):
+            general, greedy = s.decode_graph_for[len(decoding)]
+            solo = greedy if greedy is not None and plain_decoders else general
+            decode_ms = s.timing.estimate_ns(solo.index) * 1e-6
         unit = sel.pol.output_token_value
         order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
         per_token = {r.rid: sel.prefill_price_per_token(r) for r in order}
         out = []
         last_work = -1
+        budget = sel.pol.mixed_token_budget if len(decoding) else None
         for g in graphs.get(width, ()):  # by prompt capacity
-            room, pages, rows, value = g.tokens, free_pages, [], decode_value
+            if budget is not None and g.tokens > budget and g is not graphs[width][0]:
+                break
+            room, pages, rows, value = g.tokens, free_pages, [], 0.0
             for r in order:
                 if room == 0 or len(rows) == g.prefill_rows:
                     break
@@ -78,7 +89,9 @@ class Mixed(StepKind):
             last_work = work
             if plain_decoders and all(t.plain[r.handle.slot] for r in rows if r.sample):
                 g = s.mixed_greedy.get((g.width, g.tokens), g)  # argmax sampling for every row
-            out.append((GraphKind.MIXED, g, decode_rows + rows, value))
+            mixed_ms = s.timing.estimate_ns(g.index) * 1e-6
+            credit = mixed_ms / decode_ms if decode_ms and mixed_ms > decode_ms else 1.0
+            out.append((GraphKind.MIXED, g, decode_rows + rows, decode_value * credit + value))
         return out
 
     def mapped_positions(self, view, row, req):

@@ -121,6 +121,22 @@ def test_qkv_rope_write_matches_the_decoder_composite(dtype, norm):
         "qkv_rope_write: only the written slots may change"
 
 
+def test_qkv_rope_write_with_several_tokens_a_program_matches(monkeypatch):
+    """Large steps give each program several tokens (the last program a partial share)."""
+    from flare.model.kernels import elementwise
+
+    monkeypatch.setattr(elementwise, "QKV_MANY_TOKENS", 1)
+    monkeypatch.setattr(elementwise, "QKV_TOKENS_PER_PROGRAM", 4)  # 6 tokens: a full and a partial program
+    qkv, heads, (qn, kn), cos, sin, positions, write_index, pool = _qkv_case(torch.bfloat16, norm=True)
+    want_k, want_v = pool.clone(), (pool + 1).clone()
+    got_k, got_v = want_k.clone(), want_v.clone()
+    want_q = decoder.qkv_rope_write(qkv, heads, qn, kn, 1e-6, cos, sin, positions, write_index, want_k, want_v)
+    got_q = qkv_rope_write(qkv, heads, qn, kn, 1e-6, cos, sin, positions, write_index, got_k, got_v)
+    assert_matches("qkv_rope_write q", got_q, want_q)
+    assert_matches("qkv_rope_write k pool", got_k, want_k)
+    assert torch.equal(got_v, want_v)
+
+
 def test_qkv_rope_write_rejects_mismatched_shapes():
     qkv, heads, _, cos, sin, positions, write_index, pool = _qkv_case(torch.float32, norm=False)
     with pytest.raises(KernelInputError, match="qkv_rope_write: qkv width"):
