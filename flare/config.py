@@ -37,6 +37,10 @@ class PolicyConfig:
     # the H200 (Llama-3-8B) a 1,024-token step with 64 decoders takes 30 ms and a 2,048-token one
     # 56 ms, every decoder's inter-token gap (docs/benchmarks.md, "Serving under load").
     mixed_token_budget: int = 1024
+    # KV pages on demand: admission reserves the prompt plus at most this many output tokens;
+    # pages beyond grow from unreserved pages as the request decodes, and when none are left
+    # the scheduler preempts (docs/scheduler.md, "Resources").
+    output_page_lookahead: int = 256
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,7 @@ class PreparedContract:
             BufferSpec("step.snapshot_rows", (bmax,), "int64", "step"),
             BufferSpec("step.prompt", (self.context,), "int64", "step"),
             BufferSpec("step.prompt_len", (1,), "int64", "step"),
+            BufferSpec("step.output_len", (1,), "int64", "step"),  # output tokens after the prompt in step.prompt
             BufferSpec("step.frame", (1,), "int64", "step"),
             # NOTE: outputs are double-buffered by step.frame: the copy of frame k's
             # records runs on the copy stream while the next program writes frame k^1.

@@ -88,8 +88,11 @@ def export(checkpoint: Path, core: Path, context: int, *, max_active: int = 64, 
     if (core / "core.json").exists():
         return
     t0 = time.perf_counter()
+    from make_test_core import CHAT_TEMPLATE  # a Llama 3 style chat template, for the chat workload
+
     export_core(checkpoint, core, ExportOptions(context=context, max_active=max_active, prefill_chunk_size=chunk,
-                                                mixed_prefill=mixed, served_names=("bench",), dtype="bfloat16"), log)
+                                                mixed_prefill=mixed, served_names=("bench",), dtype="bfloat16",
+                                                chat_template=CHAT_TEMPLATE), log)
     log(f"core exported in {time.perf_counter() - t0:.1f} s")
 
 

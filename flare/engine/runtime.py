@@ -240,7 +240,8 @@ class ModelRuntime:
             pages_reusable=s.pages.num_free, snapshots_reusable=s.rows.num_free,
             checkpoints_cached=c.cached_checkpoints, pages_cached=c.cached_pages,
             requests_pending=s.num_queued + len(self._ingress), grammar_steps=counters.grammar_steps,
-            grammar_held_steps=counters.grammar_held_steps,
+            grammar_held_steps=counters.grammar_held_steps, requests_preempted=s.num_preemptions,
+            preempted_restored=s.num_preempt_restored, preempted_recomputed=s.num_preempt_recomputed,
             launches={LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()}, requests=rows)
 
     # -- model thread -----------------------------------------------------------
@@ -353,8 +354,9 @@ class ModelRuntime:
         """(slot, consumer) of each constrained request the plan samples for."""
         cols = plan.cols
         rows = []
+        client = self.scheduler.client_rid
         for rid, slot, sample in zip(cols.rids.tolist(), cols.slots.tolist(), cols.sample.tolist()):
-            consumer = self._constrained.get(rid)
+            consumer = self._constrained.get(client(rid))
             if consumer is not None and sample:
                 rows.append((slot, consumer))
         return rows

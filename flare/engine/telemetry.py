@@ -72,6 +72,11 @@ class EngineStats:
     checkpoints_cached: int = _stat(GAUGE, "Prefix checkpoints held by the cache.")
     pages_cached: int = _stat(GAUGE, "KV pages owned by cached checkpoints.")
     requests_pending: int = _stat(GAUGE, "Requests admitted by the model runtime and waiting for a slot.")
+    requests_preempted: int = _stat(COUNTER, "Requests preempted for KV pages (each continues as a new admission).")
+    preempted_restored: int = _stat(COUNTER, "Preempted requests readmitted from their own checkpoint (nothing "
+                                             "replayed but the last sampled token).")
+    preempted_recomputed: int = _stat(COUNTER, "Preempted requests readmitted by recomputing past the longest "
+                                               "cached prefix (their checkpoint was evicted or never taken).")
     grammar_steps: int = _stat(COUNTER, "Steps that sampled a structured-output request.")
     grammar_held_steps: int = _stat(COUNTER, "Structured-output steps submitted before their token masks were known "
                                              "(their forward part ran while the masks were computed).")

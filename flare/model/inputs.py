@@ -84,11 +84,12 @@ class Inputs:
 
     # -- slot state ------------------------------------------------------------
 
-    def admit_slot(self, slot: int, *, generation: int, position: int, seed: int, params) -> None:
-        """Install a new request's state row (position = reused prefix length)."""
+    def admit_slot(self, slot: int, *, generation: int, position: int, seed: int, params, generated: int = 0) -> None:
+        """Install a new request's state row (position = reused prefix length; generated: the
+        sampled-token count a preempted request's continuation resumes its RNG stream at)."""
         self._write("slot.generation", slot, generation)
         self._write("slot.position", slot, position)
-        self._write("slot.generated", slot, 0)
+        self._write("slot.generated", slot, generated)
         self._write("slot.seed", slot, seed)
         self._write("slot.sampling", slot, sampling_row(params))
 
@@ -149,12 +150,17 @@ class Inputs:
         row[:len(rows)] = np.asarray(rows, dtype=np.int64) + 1
         self._write("step.snapshot_rows", slice(0, capacity), row)
 
-    def set_prompt(self, tokens: np.ndarray | None) -> None:
-        """Prompt tokens whose repetition penalty the INITIALIZE program marks (None: none)."""
+    def set_prompt(self, tokens: np.ndarray | None, outputs: np.ndarray | None = None) -> None:
+        """Prompt tokens whose repetition penalty the INITIALIZE program marks (None: none),
+        and output tokens it counts (a preempted request's continuation), after them."""
         n = 0 if tokens is None else len(tokens)
+        m = 0 if outputs is None else len(outputs)
         if n:
             self._write("step.prompt", slice(0, n), tokens)
+        if m:
+            self._write("step.prompt", slice(n, n + m), outputs)
         self._write("step.prompt_len", 0, n)
+        self._write("step.output_len", 0, m)
 
 
 def _flat_extent(array: np.ndarray, index) -> tuple[int, int]:
@@ -187,8 +193,8 @@ def pack_step(inputs: Inputs, step) -> list[Upload]:
         for slot, generation, (_, admission) in zip(cols.slots, cols.generations, step.extras):
             if admission is not None:
                 inputs.admit_slot(int(slot), generation=int(generation), position=admission.position,
-                                  seed=admission.seed, params=admission.params)
-                inputs.set_prompt(admission.penalty_prompt)
+                                  seed=admission.seed, params=admission.params, generated=admission.generated)
+                inputs.set_prompt(admission.penalty_prompt, admission.penalty_outputs)
     for upload in step.page_uploads:
         inputs.set_pages(upload.slot, upload.first, upload.pages)
     if kind == GraphKind.MIXED:

@@ -237,9 +237,13 @@ class StepPrograms:
         self.output_counts.index_fill_(0, slots, 0)
         self.prompt_counts.index_fill_(0, slots, 0)
         prompt = buf["step.prompt"].clamp(0, self.decoder.spec.vocab_size - 1)
-        valid = torch.arange(prompt.shape[0], device=self.device) < buf["step.prompt_len"]
+        index = torch.arange(prompt.shape[0], device=self.device)
+        valid = index < buf["step.prompt_len"]
         row = slots[:1].expand_as(prompt)
         self.prompt_counts.index_put_((row, prompt), valid.to(torch.int32), accumulate=True)
+        # a preempted request's continuation: the outputs it sampled before count as outputs
+        outputs = ~valid & (index < buf["step.prompt_len"] + buf["step.output_len"])
+        self.output_counts.index_put_((row, prompt), outputs.to(torch.int32), accumulate=True)
         self._record(slots, GraphKind.INITIALIZE, None)
 
     def _prefill(self, graph: GraphSpec) -> None:

@@ -43,6 +43,7 @@ class SlotTable:
         self.has_stop_ids = np.zeros(n, np.bool_)  # request-specific stop_token_ids
         self.plain = np.zeros(n, np.bool_)  # greedy without logprobs: may use greedy decode graphs
         self.constrained = np.zeros(n, np.bool_)  # structured output: each sample waits for its mask
+        self.gen_base = np.zeros(n, np.int64)  # a preempted request's continuation: tokens sampled before
         self.token_debt = np.zeros(n, np.float64)
         self.delivery_debt = np.zeros(n, np.float64)
         self.last_progress = np.zeros(n, np.float64)
@@ -51,7 +52,7 @@ class SlotTable:
 
     def reset(self, slot: int) -> None:
         for name in ("rid", "generation", "planned", "planned_gen", "consumed", "generated", "inflight",
-                     "last_fence", "num_pages", "limit", "num_out"):
+                     "last_fence", "num_pages", "limit", "num_out", "gen_base"):
             getattr(self, name)[slot] = 0
         self.ended[slot] = self.records_after_end[slot] = False
         self.ignore_eos[slot] = self.has_stop_ids[slot] = self.plain[slot] = self.constrained[slot] = False
@@ -104,6 +105,11 @@ class LiveRequest:
         self.ended: Ended | None = None
         self.cancelled = False
         self.finished_at = 0.0
+        # Preemption: a continuation (prompt = the preempted request's prompt and outputs) starts
+        # its device counters at gen_base; base_outputs are those outputs (for penalty counts).
+        self.gen_base = 0
+        self.base_outputs: np.ndarray | None = None
+        self.preempted = False
         self.last_output: float | None = None
 
     planned = _hot("planned")
@@ -142,6 +148,7 @@ class LiveRequest:
         t.has_stop_ids[slot] = bool(self.params.stop_token_ids)
         t.plain[slot] = self.params.is_greedy and not self.params.logprobs
         t.constrained[slot] = self.params.grammar is not None
+        t.gen_base[slot] = self.gen_base
         t.last_progress[slot] = now
 
     def detach(self) -> None:

@@ -116,6 +116,8 @@ class Admission(NamedTuple):
     seed: int
     params: SamplingParams
     penalty_prompt: np.ndarray | None  # prompt tokens to mark for repetition penalty
+    generated: int = 0  # the slot's starting generated count (a preempted request's continuation)
+    penalty_outputs: np.ndarray | None = None  # output tokens to count for penalties (a continuation)
 
 
 class PageUpload(NamedTuple):

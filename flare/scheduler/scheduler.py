@@ -33,6 +33,7 @@ credit; fairness enters through per-request token and delivery prices.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -139,8 +140,14 @@ class RequestScheduler:
                                          self._graphs[GraphKind.PREFILL], self._graphs[GraphKind.SNAPSHOT],
                                          lambda: self._collect_cache(self.completed_fence))
         self.selection = Selection(self, self.targets)
+        # Preemption: a preempted request continues as a new request (its own ID); clients keep
+        # the first ID. _origin: scheduler ID -> client ID (continuations only); _current: the
+        # reverse, for the IDs clients name in finish / cancel / request.
+        self._origin: dict[int, int] = {}
+        self._current: dict[int, int] = {}
         # counters
         self.num_admitted = self.num_completed = self.num_cancelled = 0
+        self.num_preemptions = self.num_preempt_restored = self.num_preempt_recomputed = 0
         self.launches = {kind: 0 for kind in GraphKind}
 
     # -- requests -----------------------------------------------------------
@@ -169,7 +176,12 @@ class RequestScheduler:
         self._admission_blocked = False
         return req.rid
 
+    def client_rid(self, rid: int) -> int:
+        """The ID the client knows a scheduler request by (a continuation's first ID)."""
+        return self._origin.get(rid, rid)
+
     def request(self, rid: int) -> LiveRequest:
+        rid = self._current.get(rid, rid)
         for req in itertools.chain(self.live.values(), self.queue):
             if req.rid == rid:
                 return req
@@ -177,6 +189,7 @@ class RequestScheduler:
 
     def finish(self, rid: int, reason: str = "stop") -> None:
         """End a request (e.g. a stop string matched); its later tokens are not emitted."""
+        rid = self._current.get(rid, rid)
         req = self.live.get(rid)
         if req is None:
             self.cancel(rid)
@@ -191,10 +204,12 @@ class RequestScheduler:
 
     def cancel(self, rid: int) -> bool:
         """Stop scheduling now; resources stay owned until the request's last fence completes."""
+        rid = self._current.get(rid, rid)
         for i, req in enumerate(self.queue):
             if req.rid == rid:
                 del self.queue[i]
                 req.phase = Phase.RETIRED
+                self._forget_alias(req)
                 self.num_cancelled += 1
                 return True
         req = self.live.get(rid)
@@ -232,6 +247,11 @@ class RequestScheduler:
     @property
     def num_free_pages(self) -> int:
         return self.pages.num_free
+
+    @property
+    def unreserved_pages(self) -> int:
+        """Free pages that no live request's reservation counts on."""
+        return max(0, min(self.pages.num_free, self._available_pages()))
 
     def _available_pages(self) -> int:
         counters = self.cache.counters()
@@ -284,7 +304,11 @@ class RequestScheduler:
         # Positions the steps map: the prompt and every output but the last, and at least the
         # page holding a full hit's restored tail (RESTORE maps position `reused`), which a
         # page-aligned full hit with max_tokens 1 would otherwise lack.
-        need = self.pages_for(max(length + req.max_tokens - 1, reused + 1)) - reused // self.page_tokens
+        # KV pages on demand: the prompt and a bounded output lookahead are reserved; pages
+        # beyond grow from unreserved ones (assign_pages), and preemption frees them when
+        # none are left (_relieve_page_pressure).
+        outputs = min(req.max_tokens, self.policy.output_page_lookahead)
+        need = self.pages_for(max(length + outputs - 1, reused + 1)) - reused // self.page_tokens
         deficit = need - self._available_pages()
         if deficit > 0:
             self.cache.evict(page_target=deficit)
@@ -308,6 +332,11 @@ class RequestScheduler:
             self.table.num_pages[slot] = len(req.pages)
         req.page_budget = need
         self.reserved_pages += need
+        if req.base_outputs is not None:  # a preempted request's continuation
+            if reused >= length - 1:
+                self.num_preempt_restored += 1
+            else:
+                self.num_preempt_recomputed += 1
         self.targets.select(req)
         req.bump()
         self.live[req.rid] = req
@@ -321,6 +350,8 @@ class RequestScheduler:
         """Choose the next graph to submit, or None when nothing may run now."""
         now = self.clock()
         self._admit_queued(now)
+        if self.starved_decoders() > 0:
+            self._relieve_page_pressure(now)
         window = self.inflight
         if window:
             # Any measured step may queue behind another: a candidate's requests have
@@ -365,6 +396,61 @@ class RequestScheduler:
             return None  # the winner must run alone to be measured: let the window drain
         return plan
 
+    # -- page pressure ------------------------------------------------------
+
+    def starved_decoders(self) -> int:
+        """Decoders whose next position needs a page past their reservation, beyond the
+        unreserved pages there are."""
+        slots = DECODE.decodable(self)
+        needing = slots[DECODE.pages_needed(self, slots)]
+        over = sum(1 for s in needing.tolist() if self.by_slot[s].page_budget == 0)
+        return over - self.unreserved_pages
+
+    def _relieve_page_pressure(self, now: float) -> None:
+        """Unreserved pages for starved decoders: evict unpinned cache leaves first; when pages
+        are still short and none are on their way back, preempt the live request of lowest
+        value: the latest arrival with nothing in flight (vLLM's order) that holds pages."""
+        deficit = self.starved_decoders()
+        self.cache.evict(page_target=deficit)
+        self._collect_cache(self.completed_fence)
+        if self.starved_decoders() <= 0 or self.pages.num_retiring or self.cache.counters().retiring_pages:
+            return
+        victims = [r for r in self.live.values()
+                   if r.ended is None and not r.cancelled and r.inflight == 0
+                   and r.phase in (Phase.DECODING, Phase.PREFILLING) and len(r.pages) > r.private_from]
+        if victims:
+            self._preempt(max(victims, key=lambda r: (r.arrival, r.rid)), now)
+
+    def _preempt(self, req: LiveRequest, now: float) -> None:
+        """End ``req`` for its pages and queue its continuation first: the prompt and every
+        token it sampled, the outputs still allowed, its seed and the device counters it had.
+        Its terminal capture (when it holds a row) publishes what it consumed, so the
+        continuation restores it from the cache without replaying; if the checkpoint is
+        evicted first, the continuation recomputes from the longest cached prefix."""
+        t, slot = self.table, req.slot
+        sampled = t.out[slot, :t.num_out[slot]].astype(np.int32)
+        params = dataclasses.replace(req.params, max_tokens=int(t.limit[slot]) - len(sampled))
+        cont = LiveRequest(next(self._rids), np.concatenate([req.prompt, sampled]), req.endpoints, params,
+                           req.seed, req.arrival, req.stop_ids, t)
+        cont.gen_base = req.gen_base + len(sampled)
+        cont.base_outputs = sampled if req.base_outputs is None else np.concatenate([req.base_outputs, sampled])
+        client = self._origin.pop(req.rid, req.rid)
+        self._origin[cont.rid] = client
+        self._current[client] = cont.rid
+        req.preempted = True
+        req.ended = Ended(req.rid, "preempted", None)
+        t.ended[slot] = True
+        req.finished_at = now
+        self.num_preemptions += 1
+        self._after_end(req)
+        self.queue.appendleft(cont)
+        self._admission_blocked = False
+
+    def _forget_alias(self, req: LiveRequest) -> None:
+        client = self._origin.pop(req.rid, None)
+        if client is not None and self._current.get(client) == req.rid:
+            del self._current[client]
+
     # -- commit -------------------------------------------------------------
 
     def commit(self, plan: ScheduledPlan, fence: int) -> CommittedStep:
@@ -405,17 +491,19 @@ class RequestScheduler:
                 uploads.append(upload)
             extras.append(extra)
         slots = plan.cols.slots
-        return CommittedStep(fence, plan, self.table.planned[slots].copy(), self.table.planned_gen[slots].copy(),
+        return CommittedStep(fence, plan, self.table.planned[slots].copy(),
+                             self.table.planned_gen[slots] + self.table.gen_base[slots],
                              tuple(uploads), tuple(extras), now)
 
     def assign_pages(self, req: LiveRequest, positions: int) -> PageUpload:
         need = self.new_pages_needed(req, positions)
         if need:
-            if need > req.page_budget:
-                raise CapacityError(f"request {req.rid} outgrew its page reservation")
+            reserved = min(need, req.page_budget)
+            if need - reserved > self.unreserved_pages:
+                raise CapacityError(f"request {req.rid} outgrew its page reservation and no page is unreserved")
             req.pages.extend(self.pages.take(need))
-            req.page_budget -= need
-            self.reserved_pages -= need
+            req.page_budget -= reserved
+            self.reserved_pages -= reserved
             self.table.num_pages[req.slot] = len(req.pages)
         first = req.uploaded_pages
         req.uploaded_pages = len(req.pages)
@@ -520,6 +608,8 @@ class RequestScheduler:
             t.out[es, index] = tokens
             t.num_out[es] = index + 1
             rids = t.rid[es].copy()
+            if self._origin:  # continuations report their client's ID
+                rids = np.fromiter((self._origin.get(r, r) for r in rids.tolist()), np.int64, len(rids))
             stop = (tokens[:, None] == self._eos[None, :]).any(axis=1) & ~t.ignore_eos[es]
             if t.has_stop_ids[es].any():
                 for i in np.flatnonzero(t.has_stop_ids[es]):
@@ -527,8 +617,9 @@ class RequestScheduler:
             done = stop | (t.num_out[es] >= t.limit[es])
             for i in np.flatnonzero(done):
                 req = self.by_slot[int(es[i])]
-                ended.append(Ended(req.rid, "stop", int(tokens[i])) if stop[i] else Ended(req.rid, "length", None))
-                self._end(req, ended[-1])
+                end = Ended(req.rid, "stop", int(tokens[i])) if stop[i] else Ended(req.rid, "length", None)
+                self._end(req, end)
+                ended.append(end._replace(rid=self.client_rid(req.rid)))
         else:
             es = rids = tokens = index = _EMPTY
         self.selection.update_prices(step, duration_ns * 1e-9, es)
@@ -593,6 +684,8 @@ class RequestScheduler:
         req.page_budget = 0
         slot = req.slot
         self.slots.retire([slot], fence, done)
+        if not req.preempted:
+            self._forget_alias(req)
         del self.live[req.rid]
         del self.by_slot[slot]
         req.phase = Phase.RETIRED

@@ -87,6 +87,13 @@ class SchedulerView(Protocol):
     def new_pages_needed(self, r: "LiveRequest", positions: int) -> int:
         """Pages still to assign so that positions [0, positions) are mapped."""
 
+    @property
+    def by_slot(self) -> "Mapping[int, LiveRequest]": ...
+
+    @property
+    def unreserved_pages(self) -> int:
+        """Free pages no live request's reservation counts on (what growth past one may take)."""
+
 
 class CommitView(Protocol):
     """What a step kind's commit rule (flare/scheduler/steps/) may use besides the request

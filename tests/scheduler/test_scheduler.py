@@ -568,3 +568,112 @@ def test_a_page_aligned_full_hit_with_one_output_token_reserves_its_restored_tai
     assert sched.cache.counters().reused_tokens >= 128
     assert d.tokens[second] == d.tokens[first] and d.ended[second].reason == "length"
     assert sched.num_live == 0 and sched.reserved_pages == 0
+
+
+def _page_owners(sched) -> dict[int, str]:
+    """Every logical page's one owner: the free or retiring pool, a live request (its private
+    pages), or the prefix cache; raises on a page owned twice."""
+    owners: dict[int, str] = {}
+
+    def own(page: int, who: str) -> None:
+        assert page not in owners, f"page {page} owned by {owners[page]} and {who}"
+        owners[page] = who
+
+    for page in sched.pages._free:
+        own(page, "free")
+    for _, page in sched.pages._retiring:
+        own(page, "retiring")
+    for req in sched.live.values():
+        for page in req.pages[req.private_from:]:
+            own(page, f"request {req.rid}")
+    for page in np.flatnonzero(sched.cache._page_owner).tolist():
+        own(page, "cache")
+    return owners
+
+
+def test_decoders_grow_past_their_reservation_and_preempted_requests_finish_token_exact():
+    """Admission reserves the prompt and 64 output tokens; four requests that each grow to
+    seven pages share 24, so decoders run out of unreserved pages and the latest arrival is
+    preempted, checkpointed and continued. Every request still generates exactly its solo
+    tokens, none fails for lack of pages, and no page is leaked or owned twice."""
+    from flare.config import PolicyConfig
+
+    c = contract(max_active=4, pages=24, context=2048, rows=16)
+    sched = RequestScheduler(c, IDENTITY, PolicyConfig(output_page_lookahead=64))
+    ex = FakeExecutor(c)
+    d = Driver(sched, ex)
+    specs = [(tokens(500 + i, 100), 300) for i in range(4)]
+    rids = [sched.submit(prompt(p), params(m), 0) for p, m in specs]
+    d.run()
+    assert sched.num_preemptions > 0
+    assert sched.num_preempt_restored + sched.num_preempt_recomputed == sched.num_preemptions
+    for rid, (p, m) in zip(rids, specs):
+        assert d.ended[rid].reason == "length"
+        assert d.tokens[rid] == alone(p, m, 0)
+    assert sched.num_live == 0 and sched.reserved_pages == 0 and not sched._origin and not sched._current
+    assert len(_page_owners(sched)) == c.num_pages
+
+
+def test_page_ownership_state_machine():
+    """Hypothesis drives admission, growth past reservations, preemption, host finishes and
+    cancels over a pool too small for the requests' outputs: after every step each page has
+    exactly one owner, and once everything ends every page is free or cached."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+    from flare.config import PolicyConfig
+
+    preemptions: list[int] = []
+
+    class Pages(RuleBasedStateMachine):
+        def __init__(self):
+            super().__init__()
+            self.c = contract(max_active=4, pages=20, context=1024, rows=8)
+            self.sched = RequestScheduler(self.c, IDENTITY, PolicyConfig(output_page_lookahead=64))
+            self.ex = FakeExecutor(self.c, manual=True)
+            self.d = Driver(self.sched, self.ex)
+            self.rids: list[int] = []
+
+        @rule(n=st.integers(1, 200), m=st.integers(1, 400), seed=st.integers(0, 3))
+        def submit(self, n, m, seed):
+            if n + m <= self.c.context:
+                self.rids.append(self.sched.submit(prompt(tokens(600 + seed, n)), params(m), seed))
+
+        @rule(steps=st.integers(1, 12))
+        def run_steps(self, steps):
+            for _ in range(steps):
+                self.d.pump(max_completions=1)
+                self.ex.step()
+
+        @rule(i=st.integers(0, 50))
+        def cancel(self, i):
+            if self.rids:
+                self.sched.cancel(self.rids[i % len(self.rids)])
+
+        @rule(i=st.integers(0, 50))
+        def finish(self, i):
+            if self.rids:
+                self.sched.finish(self.rids[i % len(self.rids)])
+
+        @invariant()
+        def one_owner_per_page(self):
+            assert len(_page_owners(self.sched)) == self.c.num_pages
+            assert 0 <= self.sched.reserved_pages <= self.c.num_pages
+
+        def teardown(self):  # drain: every request ends (RuleBasedStateMachine calls it last)
+            for _ in range(20000):
+                if not self.d.pump() and self.ex.outstanding == 0 and not self.sched.num_live \
+                        and not self.sched.num_queued:
+                    break
+                self.ex.step()
+            assert self.sched.num_live == 0 and self.sched.num_queued == 0
+            owners = _page_owners(self.sched)
+            assert len(owners) == self.c.num_pages and set(owners.values()) <= {"free", "retiring", "cache"}
+            assert self.sched.reserved_pages == 0 and not self.sched._current
+            preemptions.append(self.sched.num_preemptions)
+
+    Pages.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                       suppress_health_check=[HealthCheck.too_slow])
+    Pages.TestCase().runTest()
+    assert sum(preemptions) > 0, "no example preempted: the machine does not reach page pressure"

@@ -34,11 +34,27 @@ class Decode(StepKind):
         t = view.table
         return t.planned[slots] >= t.num_pages[slots] * view.page_tokens
 
+    @classmethod
+    def cohort_slots(cls, view) -> np.ndarray:
+        """The slots that can decode now: every decodable slot, less those whose next position
+        needs a page past their reservation when no unreserved page is left (they wait for one;
+        the scheduler preempts to free them: RequestScheduler.starved_decoders). Empty when the
+        pages the rest need are not free yet (retiring)."""
+        slots = cls.decodable(view)
+        needing = slots[cls.pages_needed(view, slots)]
+        if not len(needing):
+            return slots
+        over = [int(s) for s in needing if view.by_slot[int(s)].page_budget == 0]
+        if len(over) > view.unreserved_pages:
+            slots = np.setdiff1d(slots, over[max(0, view.unreserved_pages):], assume_unique=True)
+            needing = slots[cls.pages_needed(view, slots)]
+        return slots if len(needing) <= view.num_free_pages else slots[:0]
+
     def cohort(self, view) -> tuple[GraphSpec, np.ndarray] | None:
         """The decode candidate: (graph, slots), or None when no slot can decode or the new
         pages it needs are not free."""
-        slots = self.decodable(view)
-        if not len(slots) or int(np.count_nonzero(self.pages_needed(view, slots))) > view.num_free_pages:
+        slots = self.cohort_slots(view)
+        if not len(slots):
             return None
         general, greedy = view.decode_graph_for[len(slots)]
         return (greedy if greedy is not None and view.table.plain[slots].all() else general), slots
@@ -77,7 +93,7 @@ class Decode(StepKind):
         t.last_fence[slots] = fence
         t.epoch[slots] += 1
         t.last_progress[slots] = now
-        return CommittedStep(fence, plan, t.planned[slots].copy(), t.planned_gen[slots].copy(),
+        return CommittedStep(fence, plan, t.planned[slots].copy(), t.planned_gen[slots] + t.gen_base[slots],
                              tuple(u for u in uploads if u.pages), committed_at=now)
 
 

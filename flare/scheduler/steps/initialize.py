@@ -26,8 +26,12 @@ class Initialize(StepKind):
         return len(req.pages) * view.page_tokens
 
     def commit_row(self, view, row, req, fence, now):
-        penalty = req.prompt if req.params.repetition_penalty != 1.0 else None
-        admission = Admission(req.reused, req.seed, req.params, penalty)
+        p = req.params
+        penalty = req.prompt if p.repetition_penalty != 1.0 else None
+        outputs = None
+        if req.base_outputs is not None and (p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
+            outputs = req.base_outputs  # a continuation: the tokens it sampled before count as outputs
+        admission = Admission(req.reused, req.seed, p, penalty, req.gen_base, outputs)
         req.planned = req.reused
         if req.tip is not None:
             view.cache.mark_used(req.tip, fence)  # the first step that reads the cached prefix

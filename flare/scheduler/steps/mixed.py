@@ -38,7 +38,7 @@ class Mixed(StepKind):
         if not graphs or not prefilling:
             return []
         t = s.table
-        decoding = Decode.decodable(s)
+        decoding = Decode.cohort_slots(s)
         if len(decoding) and bool(np.any(t.constrained[decoding] & (t.inflight[decoding] > 0))):
             return []
         width = 0
