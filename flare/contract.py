@@ -89,7 +89,7 @@ MIXED_PREFILL_ROWS = 8
 # The smallest prompt capacity a MIXED graph is captured with: below it the decode cohort's
 # own weight pass dominates and a pure decode or prefill step does as well.
 MIXED_MIN_PROMPT = 512
-MIXED_SMALL_PROMPT = 128
+MIXED_SMALL_PROMPTS = (128,)
 
 
 @dataclass(frozen=True)
@@ -172,11 +172,11 @@ class PreparedContract:
 
     @property
     def mixed_prompt_capacities(self) -> tuple[int, ...]:
-        """MIXED prompt capacities p: MIXED_SMALL_PROMPT (a short remainder beside the
+        """MIXED prompt capacities p: MIXED_SMALL_PROMPTS (a short remainder beside the
         decoders costs little more than their decode step) and the prefill capacities from
         MIXED_MIN_PROMPT up; the largest prefill capacity at least."""
         caps = self.prefill_capacities
-        return tuple(t for t in caps if t == MIXED_SMALL_PROMPT or t >= MIXED_MIN_PROMPT) or caps[-1:]
+        return tuple(t for t in caps if t in MIXED_SMALL_PROMPTS or t >= MIXED_MIN_PROMPT) or caps[-1:]
 
     @property
     def step_rows(self) -> int:
