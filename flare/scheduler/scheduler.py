@@ -138,7 +138,9 @@ class RequestScheduler:
             for n in range(1, contract.max_batch + 1)]
         self.targets = CheckpointTargets(self.cache, self.rows, self.timing, policy,
                                          self._graphs[GraphKind.PREFILL], self._graphs[GraphKind.SNAPSHOT],
-                                         lambda: self._collect_cache(self.completed_fence))
+                                         lambda: self._collect_cache(self.completed_fence),
+                                         [*self.mixed_graphs.get(0, ()),
+                                          *(g for (w, _), g in self.mixed_greedy.items() if w == 0)])
         self.selection = Selection(self, self.targets)
         # Preemption: a preempted request continues as a new request (its own ID); clients keep
         # the first ID. _origin: scheduler ID -> client ID (continuations only); _current: the

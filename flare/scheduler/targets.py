@@ -22,7 +22,7 @@ from .timing import TimingEstimates
 class CheckpointTargets:
     def __init__(self, cache: PrefixCheckpointCache, rows: IdPool, timing: TimingEstimates, policy: PolicyConfig,
                  prefill_graphs: Sequence[GraphSpec], snapshot_graphs: Sequence[GraphSpec],
-                 reclaim: Callable[[], None]):
+                 reclaim: Callable[[], None], packed_graphs: Sequence[GraphSpec] = ()):
         self.cache = cache
         self.rows = rows
         self.timing = timing
@@ -30,6 +30,7 @@ class CheckpointTargets:
         self.prefill_graphs = prefill_graphs  # one-row PREFILL graphs by token capacity
         self.snapshot_graphs = snapshot_graphs  # by batch: [0] prices one extra capture
         self.reclaim = reclaim
+        self.packed_graphs = packed_graphs  # MIXED graphs without decode rows (packed prefill)
 
     # -- rows ----------------------------------------------------------------------
 
@@ -89,7 +90,16 @@ class CheckpointTargets:
         req.terminal_row = self.take_row()
 
     def prefill_cost_ns(self, start: int, end: int, cuts: list[int]) -> int:
-        """Estimated prefill time from start to end with chunks stopping at cuts (0: unknown)."""
+        """Estimated prefill time from start to end with chunks stopping at cuts (0: unknown).
+
+        With packed prefill (MIXED graphs), a cut costs no step of its own: the tokens after it
+        share the next packed step with other rows, so the time is the tokens at the best
+        measured packed rate whatever the cuts (the system prompt of a chat workload was
+        otherwise never affordable: its cut added a whole chunk)."""
+        rates = [self.timing.estimate_ns(g.index) / g.tokens for g in self.packed_graphs
+                 if self.timing.estimate_ns(g.index)]
+        if rates:
+            return int(round((end - start) * min(rates)))
         graphs = self.prefill_graphs
         largest = graphs[-1].tokens
         total, pos = 0, start

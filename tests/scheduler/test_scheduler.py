@@ -677,3 +677,35 @@ def test_page_ownership_state_machine():
                                        suppress_health_check=[HealthCheck.too_slow])
     Pages.TestCase().runTest()
     assert sum(preemptions) > 0, "no example preempted: the machine does not reach page pressure"
+
+
+def test_with_packed_prefill_a_system_prompt_boundary_is_checkpointed():
+    """A chat's system message ends 14 tokens before its prompt does (its user message is the
+    anchor). Cut there, the last tokens would take a chunk of their own, which the 5%
+    allowance for extra checkpoints never affords; packed prefill carries them beside other
+    rows, so the boundary costs only its snapshot, is checkpointed, and a second
+    conversation reuses the system prompt."""
+    def device_time(graph) -> float:  # H200-like: a snapshot copy is tiny beside a token's compute
+        if graph.kind in (GraphKind.PREFILL, GraphKind.MIXED, GraphKind.DECODE):
+            return (1.5 + 0.02 * graph.batch * graph.tokens if graph.kind == GraphKind.PREFILL
+                    else 1.5 + 0.02 * graph.tokens + 0.05 * graph.width) * 1e-4
+        return 5e-6
+
+    c = contract(max_active=4, pages=200, chunk=512, context=2048, mixed=True)
+    sched = RequestScheduler(c, IDENTITY)
+    d = Driver(sched, FakeExecutor(c, device_time=device_time))
+    _warm(sched, d)
+    for i in range(3):  # measure the packed graphs
+        sched.submit(prompt(tokens(700 + i, 300 + 100 * i)), params(2), 0)
+    d.run()
+    system = tokens(710, 1000)
+    # boundaries: the system message (an extra), the user message (the anchor); then the generation prompt
+    first = np.concatenate([system, tokens(711, 14)])
+    sched.submit(prompt(first, [1000, 1010]), params(2), 0)
+    d.run()
+    before = sched.cache.counters().reused_tokens
+    second = np.concatenate([system, tokens(712, 16)])
+    rid = sched.submit(prompt(second, [1000, 1012]), params(2), 0)
+    d.run()
+    assert sched.cache.counters().reused_tokens - before == 1000
+    assert d.tokens[rid] == alone(second, 2, 0)
