@@ -61,6 +61,16 @@ class Mixed(StepKind):
             general, greedy = s.decode_graph_for[len(decoding)]
             solo = greedy if greedy is not None and plain_decoders else general
             decode_ms = s.timing.estimate_ns(solo.index) * 1e-6
+            if not decode_ms:
+                # While decoders ride in mixed steps their own graph may never run: any measured
+                # decode graph that holds them, else the cheapest mixed step of this width (an
+                # overestimate), so the credit still favours the larger prompt capacities.
+                known = [s.timing.estimate_ns(g.index) for g in s.decode_graphs if g.batch >= len(decoding)]
+                known += [s.timing.estimate_ns(g.index) for g in (*graphs.get(width, ())[:1],
+                                                                  s.mixed_greedy.get((width, graphs[width][0].tokens)))
+                          if g is not None] if width in graphs else []
+                known = [k for k in known if k]
+                decode_ms = min(known) * 1e-6 if known else 0.0
         unit = sel.pol.output_token_value
         order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
         per_token = {r.rid: sel.prefill_price_per_token(r) for r in order}
