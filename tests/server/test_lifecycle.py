@@ -195,7 +195,7 @@ def test_flag_defaults_come_from_server_config():
     ({}, "port = [\n", "not valid TOML"),
     ({}, 'frontend_workers = "two"\n', "frontend_workers"),
     ({"FLARE_LOG_LEVEL": "loud"}, None, "log_level"),
-    ({"FLARE_MAX_ACTIVE": "65"}, None, "max_active"),
+    ({"FLARE_MAX_ACTIVE": "257"}, None, "max_active"),
 ])
 def test_bad_options_raise_config_errors(tmp_path, env, content, needle):
     args = _parse([])
