@@ -95,6 +95,7 @@ class LiveRequest:
         self.tip_endpoint = 0
         self.pages: list[int] = []  # logical page IDs by page index
         self.private_from = 0  # pages[i] for i >= private_from belong to this request
+        self.kept_pages: list[int] = []  # private pages below private_from (see publish_snapshot)
         self.uploaded_pages = 0  # page-table entries already uploaded
         self.page_budget = 0  # pages still reserved for this request
         self.targets: list[int] = []  # checkpoint endpoints still to capture

@@ -80,14 +80,21 @@ class RowArrays:
                    col(r.start for r in rows), col(r.num_tokens for r in rows),
                    col(int(r.sample) for r in rows), col(r.snapshot for r in rows))
 
+    @classmethod
+    def concat(cls, first: "RowArrays", second: "RowArrays") -> "RowArrays":
+        return cls(*(np.concatenate([a, b]) for a, b in zip(first._columns(), second._columns())))
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return (self.rids, self.slots, self.generations, self.epochs, self.starts, self.num_tokens, self.sample,
+                self.snapshot)
+
     def __len__(self) -> int:
         return int(self.slots.shape[0])
 
-    def rows(self) -> tuple[PlanRow, ...]:
+    def rows(self, start: int = 0) -> tuple[PlanRow, ...]:
+        """Rows ``start`` onward as PlanRow tuples."""
         return tuple(PlanRow(int(rid), Handle(int(s), int(g)), int(e), int(st), int(n), bool(sm), int(sn))
-                     for rid, s, g, e, st, n, sm, sn in zip(self.rids, self.slots, self.generations, self.epochs,
-                                                           self.starts, self.num_tokens, self.sample,
-                                                           self.snapshot))
+                     for rid, s, g, e, st, n, sm, sn in zip(*(c[start:] for c in self._columns())))
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,17 @@ class ScheduledPlan:
     @property
     def rows(self) -> tuple[PlanRow, ...]:
         return self.cols.rows()
+
+
+class MixedRows(NamedTuple):
+    """A MIXED candidate's rows: the decode cohort column-wise (as DECODE builds it), then the
+    packed prefill rows."""
+
+    decode: RowArrays
+    prefill: list[PlanRow]
+
+    def __len__(self) -> int:
+        return len(self.decode) + len(self.prefill)
 
 
 class Admission(NamedTuple):

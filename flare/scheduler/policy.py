@@ -83,8 +83,11 @@ class Selection:
         stale = np.zeros(n, np.bool_)
         graphs: list[GraphSpec] = []
         for i, (kind, graph, rows, v) in enumerate(candidates):
-            served_decoding = sum(1 for r in rows if s.live[r.rid].phase == Phase.DECODING)
-            served_terminal = sum(1 for r in rows if s.live[r.rid].phase == Phase.FINISHING)
+            if kind == GraphKind.MIXED:  # MixedRows: its decode cohort, then prefill rows
+                served_decoding, served_terminal = len(rows.decode), 0
+            else:
+                served_decoding = sum(1 for r in rows if s.live[r.rid].phase == Phase.DECODING)
+                served_terminal = sum(1 for r in rows if s.live[r.rid].phase == Phase.FINISHING)
             est[i] = s.timing.estimate_ns(graph.index) * 1e-6  # ms
             value[i] = v
             wait[i] = (pol.decode_age_price * (num_decoding - served_decoding)
@@ -111,10 +114,11 @@ class Selection:
             kind, cols = GraphKind.DECODE, DECODE.plan_rows(s, decode[1])
         else:
             kind, _, rows, _ = candidates[best]
-            cols = RowArrays.from_rows(rows)
-        decode_rows = 0
-        if kind == GraphKind.MIXED:  # its decode rows lead (steps/mixed.py)
-            decode_rows = next((i for i, r in enumerate(rows) if s.live[r.rid].phase != Phase.DECODING), len(rows))
+            if kind == GraphKind.MIXED:  # its decode rows lead (steps/mixed.py)
+                cols = RowArrays.concat(rows.decode, RowArrays.from_rows(rows.prefill))
+            else:
+                cols = RowArrays.from_rows(rows)
+        decode_rows = len(rows.decode) if kind == GraphKind.MIXED else 0
         return ScheduledPlan(s.id, kind, graph.index, graph.batch, graph.tokens, cols,
                              s.timing.estimate_ns(graph.index), funded or bool(stale[best]), funded,
                              graph.width, decode_rows)

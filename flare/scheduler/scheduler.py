@@ -419,7 +419,8 @@ class RequestScheduler:
             return
         victims = [r for r in self.live.values()
                    if r.ended is None and not r.cancelled and r.inflight == 0
-                   and r.phase in (Phase.DECODING, Phase.PREFILLING) and len(r.pages) > r.private_from]
+                   and r.phase in (Phase.DECODING, Phase.PREFILLING)
+                   and (len(r.pages) > r.private_from or r.kept_pages)]
         if victims:
             self._preempt(max(victims, key=lambda r: (r.arrival, r.rid)), now)
 
@@ -469,6 +470,8 @@ class RequestScheduler:
         now = self.clock()
         if plan.kind == GraphKind.DECODE:
             step = DECODE.commit(self, plan, fence, now)
+        elif plan.kind == GraphKind.MIXED:
+            step = self._commit_mixed(plan, fence, now)
         else:
             step = self._commit_rows(plan, fence, now)
         if not self.inflight:
@@ -496,6 +499,34 @@ class RequestScheduler:
         return CommittedStep(fence, plan, self.table.planned[slots].copy(),
                              self.table.planned_gen[slots] + self.table.gen_base[slots],
                              tuple(uploads), tuple(extras), now)
+
+    def _commit_mixed(self, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
+        """The decode rows column-wise, as DECODE commits them; the prefill rows row-wise."""
+        t, d = self.table, plan.decode_rows
+        slots = plan.cols.slots
+        dslots = slots[:d]
+        grow = dslots[DECODE.pages_needed(self, dslots)]
+        kind = STEPS[GraphKind.MIXED]
+        rows = plan.cols.rows(d)
+        reqs = [self.by_slot[int(s)] for s in slots[d:]]
+        need = len(grow) + sum(self.new_pages_needed(req, kind.mapped_positions(self, row, req))
+                               for row, req in zip(rows, reqs))
+        if need > self.pages.num_free:
+            raise StalePlanError("the plan needs more free pages than are available")
+        uploads = [self.assign_pages(self.by_slot[int(s)], int(t.planned[s]) + 1) for s in grow]
+        t.planned[dslots] += 1
+        t.planned_gen[dslots] += 1
+        t.inflight[dslots] += 1
+        t.last_fence[dslots] = fence
+        t.epoch[dslots] += 1
+        t.last_progress[dslots] = now
+        extras = [(None, None)] * d
+        for row, req in zip(rows, reqs):
+            upload, extra = self._commit_row(kind, row, req, fence, now)
+            uploads.append(upload)
+            extras.append(extra)
+        return CommittedStep(fence, plan, t.planned[slots].copy(), t.planned_gen[slots] + t.gen_base[slots],
+                             tuple(u for u in uploads if u.pages), tuple(extras), now)
 
     def assign_pages(self, req: LiveRequest, positions: int) -> PageUpload:
         need = self.new_pages_needed(req, positions)
@@ -541,6 +572,11 @@ class RequestScheduler:
             result = self.cache.publish(req.history, endpoint, parent=req.tip, pages=req.pages[start:end],
                                         snapshot=row, consumed=endpoint, ready_fence=fence)
         if isinstance(result, Created):
+            # Pages before `start` that are still private (an earlier publish found an existing
+            # checkpoint and kept them) stay this request's: its page table maps them until it
+            # retires. They used to fall out of every owner here (a leak the page-ownership
+            # state machine found: the same one-page prompt twice, admitted together).
+            req.kept_pages.extend(req.pages[req.private_from:start])
             req.private_from = end
             self._move_tip(req, result.checkpoint, endpoint, fence)
         else:
@@ -678,7 +714,8 @@ class RequestScheduler:
         if req.tip is not None:
             self.cache.unpin(req.tip)
             req.tip = None
-        self.pages.retire(req.pages[req.private_from:], fence, done)
+        self.pages.retire(req.pages[req.private_from:] + req.kept_pages, fence, done)
+        req.kept_pages = []
         self.rows.retire(req.target_rows, fence, done)
         req.target_rows, req.targets = [], []
         req.terminal_row = self._release_row(req.terminal_row, req)

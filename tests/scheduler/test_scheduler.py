@@ -584,7 +584,7 @@ def _page_owners(sched) -> dict[int, str]:
     for _, page in sched.pages._retiring:
         own(page, "retiring")
     for req in sched.live.values():
-        for page in req.pages[req.private_from:]:
+        for page in req.pages[req.private_from:] + req.kept_pages:
             own(page, f"request {req.rid}")
     for page in np.flatnonzero(sched.cache._page_owner).tolist():
         own(page, "cache")
@@ -709,3 +709,16 @@ def test_with_packed_prefill_a_system_prompt_boundary_is_checkpointed():
     d.run()
     assert sched.cache.counters().reused_tokens - before == 1000
     assert d.tokens[rid] == alone(second, 2, 0)
+
+
+def test_a_duplicate_prompt_admitted_beside_its_twin_returns_every_page():
+    """The state machine's first find: the same one-page prompt twice, admitted together. The
+    second's prompt-end snapshot finds the first's checkpoint (its page stays private), then
+    its terminal capture publishes past it; that page used to fall out of every owner."""
+    sched, ex, d, _ = make(max_active=4, pages=20, context=1024, rows=8)
+    p = tokens(600, 64)
+    sched.submit(prompt(p), params(1), 0)
+    sched.submit(prompt(p), params(2), 0)
+    d.run()
+    owners = _page_owners(sched)
+    assert len(owners) == 20 and set(owners.values()) <= {"free", "retiring", "cache"}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...contract import GraphKind
-from ..plan import Phase, PlanRow
+from ..plan import MixedRows, Phase, PlanRow
 from . import prefill
 from .base import StepKind
 from .decode import Decode
@@ -49,8 +49,7 @@ class Mixed(StepKind):
         free_pages = budget.free_pages - int(np.count_nonzero(Decode.pages_needed(s, decoding)))
         if free_pages < 0:
             return []
-        decode_rows = [PlanRow(int(t.rid[slot]), s.live[int(t.rid[slot])].handle, int(t.epoch[slot]),
-                               int(t.planned[slot]), 1, True, -1) for slot in decoding]
+        decode_rows = Decode.plan_rows(s, decoding)  # column-wise: no per-decoder objects
         decode_value = Decode.value(sel, decoding) if len(decoding) else 0.0
         plain_decoders = bool(t.plain[decoding].all())
         # The decoders would take a decode step anyway: in a mixed step they are credited the
@@ -101,20 +100,15 @@ class Mixed(StepKind):
                 g = s.mixed_greedy.get((g.width, g.tokens), g)  # argmax sampling for every row
             mixed_ms = s.timing.estimate_ns(g.index) * 1e-6
             credit = mixed_ms / decode_ms if decode_ms and mixed_ms > decode_ms else 1.0
-            out.append((GraphKind.MIXED, g, decode_rows + rows, decode_value * credit + value))
+            out.append((GraphKind.MIXED, g, MixedRows(decode_rows, rows), decode_value * credit + value))
         return out
 
+    # The decode rows commit column-wise (RequestScheduler._commit_mixed, as DECODE's); the
+    # prefill rows as PREFILL's.
     def mapped_positions(self, view, row, req):
-        if req.phase == Phase.DECODING:
-            return row.start + 1
         return prefill.STEP.mapped_positions(view, row, req)
 
     def commit_row(self, view, row, req, fence, now):
-        if req.phase == Phase.DECODING:
-            req.planned += 1
-            req.planned_generated += 1
-            req.last_progress = now
-            return None, None
         return prefill.STEP.commit_row(view, row, req, fence, now)
 
 
