@@ -531,11 +531,25 @@ def test_next_turn_sent_at_eos_waits_for_the_terminal_checkpoint():
     assert sched.cache.counters().reused_tokens - before >= min(consumed, len(p) + len(reply))
 
 
+def _h200_like(graph) -> float:
+    """A simulated device's seconds per graph, in H200 proportions at a tenth of the scale:
+    the small copies (initialize, snapshot) cost little beside a token's compute."""
+    if graph.kind == GraphKind.PREFILL:
+        return (1.5 + 0.02 * graph.batch * graph.tokens) * 1e-4
+    if graph.kind == GraphKind.MIXED:
+        return (1.5 + 0.02 * graph.tokens + 0.05 * graph.width) * 1e-4
+    if graph.kind == GraphKind.DECODE:
+        return (3.7 + 0.03 * graph.batch) * 1e-4
+    return 5e-6
+
+
 def test_mixed_steps_carry_the_decoders_through_prefill_and_match_solo_runs():
     """With MIXED graphs, prompts that arrive while others decode are prefilled packed (several
     requests' chunks in one stream, cut at the prompt capacity) with the decode cohort riding in
     the same step, and every request still generates exactly its solo tokens."""
-    sched, ex, d, clock = make(max_active=8, pages=400, chunk=512, context=4096, mixed=True)
+    c = contract(max_active=8, pages=400, chunk=512, context=4096, mixed=True)
+    sched = RequestScheduler(c, IDENTITY)
+    d = Driver(sched, FakeExecutor(c, device_time=_h200_like))
     _warm(sched, d)
     first = [sched.submit(prompt(tokens(300 + i, 40)), params(60), 5) for i in range(3)]
     for _ in range(30):
@@ -685,15 +699,9 @@ def test_with_packed_prefill_a_system_prompt_boundary_is_checkpointed():
     allowance for extra checkpoints never affords; packed prefill carries them beside other
     rows, so the boundary costs only its snapshot, is checkpointed, and a second
     conversation reuses the system prompt."""
-    def device_time(graph) -> float:  # H200-like: a snapshot copy is tiny beside a token's compute
-        if graph.kind in (GraphKind.PREFILL, GraphKind.MIXED, GraphKind.DECODE):
-            return (1.5 + 0.02 * graph.batch * graph.tokens if graph.kind == GraphKind.PREFILL
-                    else 1.5 + 0.02 * graph.tokens + 0.05 * graph.width) * 1e-4
-        return 5e-6
-
     c = contract(max_active=4, pages=200, chunk=512, context=2048, mixed=True)
     sched = RequestScheduler(c, IDENTITY)
-    d = Driver(sched, FakeExecutor(c, device_time=device_time))
+    d = Driver(sched, FakeExecutor(c, device_time=_h200_like))
     _warm(sched, d)
     for i in range(3):  # measure the packed graphs
         sched.submit(prompt(tokens(700 + i, 300 + 100 * i)), params(2), 0)
@@ -722,3 +730,28 @@ def test_a_duplicate_prompt_admitted_beside_its_twin_returns_every_page():
     d.run()
     owners = _page_owners(sched)
     assert len(owners) == 20 and set(owners.values()) <= {"free", "retiring", "cache"}
+
+
+def test_prompts_progress_beside_a_constrained_decoder_with_packed_prefill():
+    """With MIXED graphs the PREFILL graphs propose nothing; while a structured-output decoder
+    has a step in flight it rides in no mixed step, and waiting prompts take packed prefill
+    steps alone; everyone finishes as solo."""
+    from flare.request import GrammarRequest
+
+    sched, ex, d, clock = make(max_active=4, pages=300, chunk=512, context=2048, mixed=True)
+    _warm(sched, d)
+    for i in range(3):  # measure the packed prefill graphs (an unmeasured graph runs alone)
+        sched.submit(prompt(tokens(790 + i, 100 + 150 * i)), params(2), 0)
+    d.run()
+    constrained = SamplingParams(max_tokens=400, temperature=0.0, grammar=GrammarRequest("json_object"))
+    c_rid = sched.submit(prompt(tokens(800, 30)), constrained, 0)
+    for _ in range(20):
+        d.pump(max_completions=1)
+    rids = [sched.submit(prompt(tokens(801 + i, 200 + 50 * i)), params(10), 0) for i in range(3)]
+    d.run()
+    assert len(d.tokens[c_rid]) == 400
+    for i, rid in enumerate(rids):
+        assert d.tokens[rid] == alone(tokens(801 + i, 200 + 50 * i), 10, 0)
+    assert not any(s.plan.kind == GraphKind.PREFILL for s in d.steps)
+    # packed prefill alone ran beside the constrained decoder's own steps
+    assert any(s.plan.kind == GraphKind.MIXED and s.plan.width == 0 for s in d.steps)

@@ -10,8 +10,10 @@ and the prompt tokens run in GEMMs sized for the GPU's peak.
 
 With no decoding request the candidates are packed prefill alone (the w = 0 graphs).
 A decode cohort holding a grammar-constrained request whose previous step is still in
-flight forms no mixed candidate: its mask is not known before that step completes, and
-only DECODE graphs have the held two-part form (docs/architecture.md, Departures).
+flight rides in no mixed step (its mask is not known before that step completes, and
+only DECODE graphs have the held two-part form: docs/architecture.md, Departures); the
+candidates are then packed prefill alone, and the decoders take their own step. With
+packed prefill the one-row and cohort PREFILL graphs propose nothing (steps/prefill.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Mixed(StepKind):
         t = s.table
         decoding = Decode.cohort_slots(s)
         if len(decoding) and bool(np.any(t.constrained[decoding] & (t.inflight[decoding] > 0))):
-            return []
+            decoding = decoding[:0]  # packed prefill alone; the decoders take their own (held) step
         width = 0
         if len(decoding):
             width = next((w for w in s.mixed_widths if w >= len(decoding)), 0)
