@@ -12,8 +12,7 @@ With no decoding request the candidates are packed prefill alone (the w = 0 grap
 A decode cohort holding a grammar-constrained request whose previous step is still in
 flight rides in no mixed step (its mask is not known before that step completes, and
 only DECODE graphs have the held two-part form: docs/architecture.md, Departures); the
-candidates are then packed prefill alone, and the decoders take their own step. With
-packed prefill the one-row and cohort PREFILL graphs propose nothing (steps/prefill.py).
+candidates are then packed prefill alone, and the decoders take their own step.
 """
 
 from __future__ import annotations

@@ -20,11 +20,6 @@ class Prefill(StepKind):
 
     def candidates(self, sel, budget):
         s = sel.s
-        if s.mixed_graphs.get(0):
-            # Packed prefill (MIXED w0) does what these graphs do, in variable-length rows: with
-            # it, one candidate per request and capacity (the model thread's largest cost at 256
-            # live requests, simulated H200) only slows the plan.
-            return []
         unit = sel.pol.output_token_value
         free_pages = budget.free_pages
         prefilling = budget.by_phase.get(Phase.PREFILLING, [])
