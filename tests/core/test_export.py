@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from flare.config import EngineConfig
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.errors import FrontendError
@@ -144,9 +145,29 @@ def test_cli_export_and_info(checkpoint, tmp_path):
     assert run.returncode == 0, run.stderr
     info = subprocess.run([sys.executable, "-m", "flare.cli", "info", str(out)], capture_output=True, text=True)
     assert info.returncode == 0 and "LlamaForCausalLM" in info.stdout
+    assert "mixed prefill: off" in info.stdout
     bad = subprocess.run([sys.executable, "-m", "flare.cli", "export", str(checkpoint), "-o", str(tmp_path / "x"),
                           "--prefill-chunk-size", "100"], capture_output=True, text=True)
     assert bad.returncode == 2 and "multiple of 64" in bad.stderr
+
+
+def test_cli_export_mixed_prefill_is_recorded_shown_and_captured(checkpoint, tmp_path):
+    """`flare export --mixed-prefill` records the contract flag, `flare info` shows it and a
+    load builds the MIXED graphs (decode widths 0, 1, 2, 4 beside 8 packed prefill rows)."""
+    from flare.contract import GraphKind
+    from flare.model.loader import load_model
+
+    out = tmp_path / "core"
+    run = subprocess.run([sys.executable, "-m", "flare.cli", "export", str(checkpoint), "-o", str(out),
+                          "--context", "256", "--prefill-chunk-size", "128", "--max-active", "4",
+                          "--mixed-prefill"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((out / "core.json").read_text())["contract"]["mixed_prefill"] is True
+    info = subprocess.run([sys.executable, "-m", "flare.cli", "info", str(out)], capture_output=True, text=True)
+    assert "mixed prefill: on" in info.stdout
+    graphs = load_model(load_core(out), EngineConfig(device="cpu", kv_memory_bytes=16 << 20)).contract.graphs
+    mixed = {(g.width, g.tokens, g.greedy) for g in graphs if g.kind == GraphKind.MIXED}
+    assert mixed == {(w, 128, greedy) for w in (0, 1, 2, 4) for greedy in (False, True)}
 
 
 # -- generation defaults ------------------------------------------------------------------------
