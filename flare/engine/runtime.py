@@ -276,7 +276,8 @@ class ModelRuntime:
             for consumer in arrivals:
                 self._admit(consumer)
             if shed is not None:
-                queued = {req.rid for req in sched.queue}
+                # a preempted request's continuation has streamed already: active, not queued
+                queued = {req.rid for req in sched.queue if req.base_outputs is None}
                 for consumer in [c for c in self._consumers.values() if c.rid in queued]:
                     self._cancel(consumer, ErrorEvent(shed))
             if closing:
