@@ -50,6 +50,11 @@ class SlotTable:
         self.num_out = np.zeros(n, np.int64)  # recorded output tokens (emitted, then any after a host end)
         self.out = np.zeros((n, max(1, max_outputs)), np.int32)
 
+    def reported_generated(self, slots: np.ndarray) -> np.ndarray:
+        """The cumulative generated count the rows' records report after every committed step:
+        a continuation's device counter starts at the tokens its request sampled before."""
+        return self.planned_gen[slots] + self.gen_base[slots]
+
     def reset(self, slot: int) -> None:
         for name in ("rid", "generation", "planned", "planned_gen", "consumed", "generated", "inflight",
                      "last_fence", "num_pages", "limit", "num_out", "gen_base"):

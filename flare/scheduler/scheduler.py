@@ -403,10 +403,8 @@ class RequestScheduler:
     def starved_decoders(self) -> int:
         """Decoders whose next position needs a page past their reservation, beyond the
         unreserved pages there are."""
-        slots = DECODE.decodable(self)
-        needing = slots[DECODE.pages_needed(self, slots)]
-        over = sum(1 for s in needing.tolist() if self.by_slot[s].page_budget == 0)
-        return over - self.unreserved_pages
+        over = len(DECODE.over_reservation(self, DECODE.decodable(self)))
+        return over - self.unreserved_pages if over else 0  # (the cache's counters only when needed)
 
     def _relieve_page_pressure(self, now: float) -> None:
         """Unreserved pages for starved decoders: evict unpinned cache leaves first; when pages
@@ -496,8 +494,7 @@ class RequestScheduler:
                 uploads.append(upload)
             extras.append(extra)
         slots = plan.cols.slots
-        return CommittedStep(fence, plan, self.table.planned[slots].copy(),
-                             self.table.planned_gen[slots] + self.table.gen_base[slots],
+        return CommittedStep(fence, plan, self.table.planned[slots].copy(), self.table.reported_generated(slots),
                              tuple(uploads), tuple(extras), now)
 
     def _commit_mixed(self, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
@@ -505,27 +502,20 @@ class RequestScheduler:
         t, d = self.table, plan.decode_rows
         slots = plan.cols.slots
         dslots = slots[:d]
-        grow = dslots[DECODE.pages_needed(self, dslots)]
         kind = STEPS[GraphKind.MIXED]
         rows = plan.cols.rows(d)
         reqs = [self.by_slot[int(s)] for s in slots[d:]]
-        need = len(grow) + sum(self.new_pages_needed(req, kind.mapped_positions(self, row, req))
-                               for row, req in zip(rows, reqs))
+        need = int(np.count_nonzero(DECODE.pages_needed(self, dslots))) + sum(
+            self.new_pages_needed(req, kind.mapped_positions(self, row, req)) for row, req in zip(rows, reqs))
         if need > self.pages.num_free:
             raise StalePlanError("the plan needs more free pages than are available")
-        uploads = [self.assign_pages(self.by_slot[int(s)], int(t.planned[s]) + 1) for s in grow]
-        t.planned[dslots] += 1
-        t.planned_gen[dslots] += 1
-        t.inflight[dslots] += 1
-        t.last_fence[dslots] = fence
-        t.epoch[dslots] += 1
-        t.last_progress[dslots] = now
+        uploads = list(DECODE.advance(self, dslots, fence, now))
         extras = [(None, None)] * d
         for row, req in zip(rows, reqs):
             upload, extra = self._commit_row(kind, row, req, fence, now)
             uploads.append(upload)
             extras.append(extra)
-        return CommittedStep(fence, plan, t.planned[slots].copy(), t.planned_gen[slots] + t.gen_base[slots],
+        return CommittedStep(fence, plan, t.planned[slots].copy(), t.reported_generated(slots),
                              tuple(u for u in uploads if u.pages), tuple(extras), now)
 
     def assign_pages(self, req: LiveRequest, positions: int) -> PageUpload:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...contract import GraphKind, GraphSpec
 from ..errors import StalePlanError
-from ..plan import CommittedStep, Phase, RowArrays, ScheduledPlan
+from ..plan import CommittedStep, PageUpload, Phase, RowArrays, ScheduledPlan
 from .base import StepKind
 
 
@@ -35,20 +35,22 @@ class Decode(StepKind):
         return t.planned[slots] >= t.num_pages[slots] * view.page_tokens
 
     @classmethod
+    def over_reservation(cls, view, slots: np.ndarray) -> list[int]:
+        """The slots whose next position needs a page past their reservation."""
+        needing = slots[cls.pages_needed(view, slots)]
+        return [int(s) for s in needing if view.by_slot[int(s)].page_budget == 0]
+
+    @classmethod
     def cohort_slots(cls, view) -> np.ndarray:
         """The slots that can decode now: every decodable slot, less those whose next position
         needs a page past their reservation when no unreserved page is left (they wait for one;
         the scheduler preempts to free them: RequestScheduler.starved_decoders). Empty when the
         pages the rest need are not free yet (retiring)."""
         slots = cls.decodable(view)
-        needing = slots[cls.pages_needed(view, slots)]
-        if not len(needing):
-            return slots
-        over = [int(s) for s in needing if view.by_slot[int(s)].page_budget == 0]
-        if len(over) > view.unreserved_pages:
-            slots = np.setdiff1d(slots, over[max(0, view.unreserved_pages):], assume_unique=True)
-            needing = slots[cls.pages_needed(view, slots)]
-        return slots if len(needing) <= view.num_free_pages else slots[:0]
+        over = cls.over_reservation(view, slots)
+        if over and len(over) > view.unreserved_pages:
+            slots = np.setdiff1d(slots, over[view.unreserved_pages:], assume_unique=True)
+        return slots if int(np.count_nonzero(cls.pages_needed(view, slots))) <= view.num_free_pages else slots[:0]
 
     def cohort(self, view) -> tuple[GraphSpec, np.ndarray] | None:
         """The decode candidate: (graph, slots), or None when no slot can decode or the new
@@ -83,9 +85,18 @@ class Decode(StepKind):
         """Column-wise commit: assign the pages new positions need, advance every row."""
         t = view.table
         slots = plan.cols.slots
-        grow = slots[self.pages_needed(view, slots)]
-        if len(grow) > view.num_free_pages:
+        if int(np.count_nonzero(self.pages_needed(view, slots))) > view.num_free_pages:
             raise StalePlanError("the plan needs more free pages than are available")
+        uploads = self.advance(view, slots, fence, now)
+        return CommittedStep(fence, plan, t.planned[slots].copy(), t.reported_generated(slots), uploads,
+                             committed_at=now)
+
+    @classmethod
+    def advance(cls, view, slots: np.ndarray, fence: int, now: float) -> tuple[PageUpload, ...]:
+        """Commit decode rows column-wise (their pages already checked free): assign the pages
+        their new positions need and advance every row's planned state; -> the page uploads."""
+        t = view.table
+        grow = slots[cls.pages_needed(view, slots)]
         uploads = tuple(view.assign_pages(view.by_slot[int(s)], int(t.planned[s]) + 1) for s in grow)
         t.planned[slots] += 1
         t.planned_gen[slots] += 1
@@ -93,8 +104,7 @@ class Decode(StepKind):
         t.last_fence[slots] = fence
         t.epoch[slots] += 1
         t.last_progress[slots] = now
-        return CommittedStep(fence, plan, t.planned[slots].copy(), t.planned_gen[slots] + t.gen_base[slots],
-                             tuple(u for u in uploads if u.pages), committed_at=now)
+        return tuple(u for u in uploads if u.pages)
 
 
 STEP = Decode()

@@ -65,11 +65,10 @@ class Mixed(StepKind):
                 # While decoders ride in mixed steps their own graph may never run: any measured
                 # decode graph that holds them, else the cheapest mixed step of this width (an
                 # overestimate), so the credit still favours the larger prompt capacities.
-                known = [s.timing.estimate_ns(g.index) for g in s.decode_graphs if g.batch >= len(decoding)]
-                known += [s.timing.estimate_ns(g.index) for g in (*graphs.get(width, ())[:1],
-                                                                  s.mixed_greedy.get((width, graphs[width][0].tokens)))
-                          if g is not None] if width in graphs else []
-                known = [k for k in known if k]
+                cheapest = graphs[width][0]
+                fallback = [g for g in s.decode_graphs if g.batch >= len(decoding)]
+                fallback += [cheapest, s.mixed_greedy.get((width, cheapest.tokens), cheapest)]
+                known = [e for e in (s.timing.estimate_ns(g.index) for g in fallback) if e]
                 decode_ms = min(known) * 1e-6 if known else 0.0
         unit = sel.pol.output_token_value
         order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)

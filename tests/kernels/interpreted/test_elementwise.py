@@ -104,9 +104,15 @@ def _qkv_case(dtype, *, norm, b=3, nq=2, heads=4, kv_heads=2, d=48, pages=5, pag
     return qkv, heads, norms, table.cos(), table.sin(), positions, write_index, pool
 
 
+@pytest.mark.parametrize("per_program", [None, 4], ids=["launch-default", "4-tokens-a-program"])
 @pytest.mark.parametrize("norm", [False, True], ids=["llama", "qk-norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_qkv_rope_write_matches_the_decoder_composite(dtype, norm):
+def test_qkv_rope_write_matches_the_decoder_composite(dtype, norm, per_program, monkeypatch):
+    if per_program:  # large steps give each program several tokens (6 tokens: a full and a partial program)
+        from flare.model.kernels import elementwise
+
+        monkeypatch.setattr(elementwise, "QKV_MANY_TOKENS", 1)
+        monkeypatch.setattr(elementwise, "QKV_TOKENS_PER_PROGRAM", per_program)
     qkv, heads, (qn, kn), cos, sin, positions, write_index, pool = _qkv_case(dtype, norm=norm)
     want_k, want_v = pool.clone(), (pool + 1).clone()
     got_k, got_v = want_k.clone(), want_v.clone()
@@ -119,22 +125,6 @@ def test_qkv_rope_write_matches_the_decoder_composite(dtype, norm):
     untouched[write_index.reshape(-1)] = False
     assert torch.equal(got_k.flatten(0, 1)[untouched], pool.flatten(0, 1)[untouched]), \
         "qkv_rope_write: only the written slots may change"
-
-
-def test_qkv_rope_write_with_several_tokens_a_program_matches(monkeypatch):
-    """Large steps give each program several tokens (the last program a partial share)."""
-    from flare.model.kernels import elementwise
-
-    monkeypatch.setattr(elementwise, "QKV_MANY_TOKENS", 1)
-    monkeypatch.setattr(elementwise, "QKV_TOKENS_PER_PROGRAM", 4)  # 6 tokens: a full and a partial program
-    qkv, heads, (qn, kn), cos, sin, positions, write_index, pool = _qkv_case(torch.bfloat16, norm=True)
-    want_k, want_v = pool.clone(), (pool + 1).clone()
-    got_k, got_v = want_k.clone(), want_v.clone()
-    want_q = decoder.qkv_rope_write(qkv, heads, qn, kn, 1e-6, cos, sin, positions, write_index, want_k, want_v)
-    got_q = qkv_rope_write(qkv, heads, qn, kn, 1e-6, cos, sin, positions, write_index, got_k, got_v)
-    assert_matches("qkv_rope_write q", got_q, want_q)
-    assert_matches("qkv_rope_write k pool", got_k, want_k)
-    assert torch.equal(got_v, want_v)
 
 
 def test_qkv_rope_write_rejects_mismatched_shapes():
