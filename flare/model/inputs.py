@@ -62,10 +62,12 @@ class Inputs:
         self._uploads: list[Upload] = []
         self.uploaded_bytes = 0  # lifetime total, for tests and metrics
 
-    def _write(self, name: str, index: tuple | int | slice, values, changed: bool = False) -> None:
+    def _write(self, name: str, index: tuple | int | slice, values, changed: bool = False,
+               flat: bool = False) -> None:
         """Assign mirror[name][index] = values; queue the changed contiguous byte range
-        (``changed``: the caller already compared them with the mirror)."""
-        array = self.mirror[name]
+        (``changed``: the caller already compared them with the mirror; ``flat``: ``index``
+        addresses the flattened buffer)."""
+        array = self.mirror[name].reshape(-1) if flat else self.mirror[name]
         new = np.asarray(values, dtype=array.dtype)
         if not changed and name not in DEVICE_WRITTEN and np.array_equal(
                 np.broadcast_to(new, np.shape(array[index])), array[index]):
@@ -129,14 +131,9 @@ class Inputs:
         """A MIXED step's prefill rows: their tokens back to back from the start of the
         flattened step.tokens, each row's count and sample flag at step rows first_row..;
         rows up to ``capacity`` are padding (no tokens, no sample)."""
-        mirror = self.mirror["step.tokens"].reshape(-1)
         tokens = np.concatenate([t for t, _ in rows]) if rows else _NO_TOKENS
-        n = len(tokens)
-        if n and not np.array_equal(mirror[:n], tokens):
-            mirror[:n] = tokens
-            data = mirror[:n].tobytes()
-            self._uploads.append(("step.tokens", 0, data))
-            self.uploaded_bytes += len(data)
+        if len(tokens):
+            self._write("step.tokens", slice(0, len(tokens)), tokens, flat=True)
         counts = np.zeros(capacity, np.int64)
         sample = np.zeros(capacity, np.int64)
         for j, (t, s) in enumerate(rows):
