@@ -152,13 +152,10 @@ async def post_json(host: str, port: int, path: str, payload: dict, headers: str
         writer.close()
 
 
-def completion_body(args, prompt: list[int], max_tokens: int) -> bytes:
-    return json.dumps({"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
-
-
-def chat_body(args, messages: list[dict], max_tokens: int) -> bytes:
-    return json.dumps({"model": args.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+def stream_body(args, max_tokens: int, **inputs) -> bytes:
+    """A streaming greedy request body generating exactly max_tokens: ``prompt=`` (token IDs,
+    /v1/completions) or ``messages=`` (/v1/chat/completions)."""
+    return json.dumps({"model": args.model, **inputs, "max_tokens": max_tokens, "temperature": 0,
                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
 
 
@@ -169,7 +166,7 @@ async def run_chat(args, host: str, port: int, headers: str, rng: random.Random)
                                                                "add_generation_prompt": False}, headers))["tokens"])
     for greeting in ("hello", "hello again"):  # the second runs on measured step costs, so it checkpoints the system
         await one_request(host, port, "/v1/chat/completions",
-                          chat_body(args, [system, {"role": "user", "content": greeting}], 1), headers)
+                          stream_body(args, 1, messages=[system, {"role": "user", "content": greeting}]), headers)
     conversations = max(1, args.requests // args.turns)
     results: list[tuple[int, Result]] = []  # (turn, result), turns in order within a conversation
     ideal = [0]
@@ -180,7 +177,7 @@ async def run_chat(args, host: str, port: int, headers: str, rng: random.Random)
         for turn in range(args.turns):
             messages.append({"role": "user", "content": words(rng, args.input_len)})
             result = await one_request(host, port, "/v1/chat/completions",
-                                       chat_body(args, messages, args.output_len), headers)
+                                       stream_body(args, args.output_len, messages=messages), headers)
             results.append((turn, result))
             ideal[0] += previous_prompt if turn else boundary
             previous_prompt = result.prompt_tokens
@@ -220,7 +217,7 @@ async def run(args) -> dict:
                                                                                       args.max_output)
             else:
                 n, out = args.input_len, args.output_len
-            bodies.append(completion_body(args, [rng.randrange(args.vocab_low, args.vocab) for _ in range(n)], out))
+            bodies.append(stream_body(args, out, prompt=[rng.randrange(args.vocab_low, args.vocab) for _ in range(n)]))
             extra["prompt_tokens"] = extra.get("prompt_tokens", 0) + n
         queue: asyncio.Queue = asyncio.Queue()
         for body in bodies:
