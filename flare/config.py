@@ -14,6 +14,9 @@ MAX_ACTIVE_LIMIT = 256
 # ServerConfig.generation_config: "model" applies the core's generation defaults (its
 # generation_config.json) to requests, "none" OpenAI's built-in ones (vLLM's auto / vllm).
 GENERATION_CONFIGS = ("model", "none")
+# EngineConfig.speculative: "copy" drafts by n-gram lookup over the prompt and output
+# (prompt-lookup decoding), "none" decodes one token per step (docs/speculative.md).
+SPECULATIVE_MODES = ("copy", "none")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class EngineConfig:
     kv_memory_fraction: float = 0.85
     num_snapshot_rows: int = 0  # 0 = derived from max_active
     mixed_prefill: bool | None = None  # MIXED graphs; None = the core's contract (flare export --mixed-prefill)
+    speculative: str = "none"  # one of SPECULATIVE_MODES
+    speculative_depth: int = 4  # most drafts verified per request and step (1..7)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 

@@ -81,7 +81,10 @@ class GraphKind(IntEnum):
     # one forward over a decode cohort (w rows) and packed prefill chunks (up to p prompt
     # tokens in variable-length rows); w = 0 is packed prefill alone
     MIXED = 7
-    # reserved for later kinds: VISION, SCORED_PREFILL, SPECULATIVE
+    # verify drafts: each of b rows scores w target positions (its last token and up to w - 1
+    # drafts), accepts the longest agreeing prefix and samples the token after it
+    SPECULATIVE = 8
+    # reserved for later kinds: VISION, SCORED_PREFILL
 
 
 # Prefill rows a MIXED graph packs besides its decode width (step.* row buffers grow by this).
@@ -90,6 +93,17 @@ MIXED_PREFILL_ROWS = 8
 # own weight pass dominates and a pure decode or prefill step does as well.
 MIXED_MIN_PROMPT = 512
 MIXED_SMALL_PROMPTS = (128,)
+# SPECULATIVE graphs: target widths w (1 + draft depth) are captured for batch capacities up to
+# this; a width's tokens must fit one completion record (RECORD_TOKENS).
+SPECULATIVE_MAX_BATCH = 32
+
+
+def speculative_widths(depth: int) -> tuple[int, ...]:
+    """The target widths captured for drafts of at most ``depth`` tokens: 2, 3, 5 and depth + 1
+    (a short width costs less when only a prefix of the drafts is expected to survive)."""
+    if not 1 <= depth < RECORD_TOKENS:
+        raise ValueError(f"speculative depth must be between 1 and {RECORD_TOKENS - 1}, got {depth}")
+    return tuple(sorted({w for w in (2, 3, 5) if w <= depth + 1} | {depth + 1}))
 
 
 @dataclass(frozen=True)
@@ -97,12 +111,16 @@ class GraphSpec:
     index: int
     kind: GraphKind
     batch: int  # row capacity b
-    tokens: int = 1  # token capacity t per row (prefill), 1 otherwise; MIXED: prompt capacity p
+    tokens: int = 1  # token capacity t per row (prefill), 1 otherwise; MIXED: prompt capacity p;
+    # SPECULATIVE: target width w (the row's last token and up to w - 1 drafts)
     greedy: bool = False  # DECODE variant for cohorts that are all greedy without logprobs
     width: int = 0  # MIXED: decode width w (rows 0..w-1 decode, rows w..batch-1 prefill)
 
     @property
     def label(self) -> str:
+        if self.kind == GraphKind.SPECULATIVE:  # target width w, b * w packed target rows
+            return (f"speculative b{self.batch} w{self.tokens} rows{self.batch * self.tokens}"
+                    + (" greedy" if self.greedy else ""))
         if self.kind == GraphKind.MIXED:
             return f"mixed b{self.batch} p{self.tokens} w{self.width}" + (" greedy" if self.greedy else "")
         return f"{self.kind.name.lower()} b{self.batch} t{self.tokens}" + (" greedy" if self.greedy else "")
@@ -151,6 +169,7 @@ class PreparedContract:
     page_tokens: int = PAGE_TOKENS
     top_logprobs: int = MAX_TOP_LOGPROBS
     mixed_prefill: bool = False  # MIXED graphs captured (flare export --mixed-prefill)
+    speculative_widths: tuple[int, ...] = ()  # SPECULATIVE target widths captured (none: no speculation)
     graphs: tuple[GraphSpec, ...] = field(default=())
 
     @property
@@ -184,16 +203,25 @@ class PreparedContract:
         return self.max_batch + (self.mixed_rows if self.mixed_prefill else 0)
 
     @property
+    def speculative_batches(self) -> tuple[int, ...]:
+        if not self.speculative_widths:
+            return ()
+        return tuple(b for b in self.batch_capacities if b <= SPECULATIVE_MAX_BATCH)
+
+    @property
     def mixed_rows(self) -> int:
         return min(MIXED_PREFILL_ROWS, self.max_active)
 
     @classmethod
     def build(cls, *, max_active: int, context: int, prefill_chunk_size: int, num_pages: int,
               num_snapshot_rows: int, vocab_size: int, hidden_size: int,
-              mixed_prefill: bool = False) -> "PreparedContract":
+              mixed_prefill: bool = False, speculative_widths: tuple[int, ...] = ()) -> "PreparedContract":
+        if any(not 2 <= w <= RECORD_TOKENS for w in speculative_widths):
+            raise ValueError(f"speculative widths must be between 2 and {RECORD_TOKENS}, got {speculative_widths}")
         base = cls(max_active=max_active, context=context, prefill_chunk_size=prefill_chunk_size,
                    num_pages=num_pages, num_snapshot_rows=num_snapshot_rows,
-                   vocab_size=vocab_size, hidden_size=hidden_size, mixed_prefill=mixed_prefill)
+                   vocab_size=vocab_size, hidden_size=hidden_size, mixed_prefill=mixed_prefill,
+                   speculative_widths=tuple(sorted(set(speculative_widths))))
         graphs: list[GraphSpec] = []
 
         def add(kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False, width: int = 0) -> None:
@@ -226,6 +254,10 @@ class PreparedContract:
                     # every sampled row greedy without logprobs: argmax instead of a vocabulary sort
                     # (at 72 rows of Llama 3's vocabulary the general sampler cost 5-7 ms a step)
                     add(GraphKind.MIXED, w + rows, p, greedy=True, width=w)
+        for b in base.speculative_batches:
+            for w in base.speculative_widths:
+                add(GraphKind.SPECULATIVE, b, w)
+                add(GraphKind.SPECULATIVE, b, w, greedy=True)  # argmax verification, no vocabulary sort
         return cls(**{**base.__dict__, "graphs": tuple(graphs)})
 
     def graph(self, kind: GraphKind, batch: int, tokens: int = 1, greedy: bool = False) -> GraphSpec:
@@ -267,5 +299,6 @@ class PreparedContract:
             "max_active": self.max_active, "context": self.context,
             "prefill_chunk_size": self.prefill_chunk_size, "num_pages": self.num_pages,
             "num_snapshot_rows": self.num_snapshot_rows, "page_tokens": self.page_tokens,
-            "mixed_prefill": self.mixed_prefill, "graphs": [g.label for g in self.graphs],
+            "mixed_prefill": self.mixed_prefill, "speculative_widths": list(self.speculative_widths),
+            "graphs": [g.label for g in self.graphs],
         }

@@ -51,7 +51,9 @@ class NativeModel:
     @classmethod
     def load(cls, core: str | Path | Core, config: EngineConfig = EngineConfig(), *,
              progress: Progress | None = None, decoder_factory=None, capacity: int | None = None,
-             capacity_hint: str = "") -> "NativeModel":
+             capacity_hint: str = "", proposer=None) -> "NativeModel":
+        """``proposer``: a speculative proposer other than ``config.speculative``'s (the
+        benchmark's ReplayProposer); the contract's SPECULATIVE graphs still come from the config."""
         from tokenizers import Tokenizer
 
         from ..model.loader import load_model
@@ -72,8 +74,11 @@ class NativeModel:
         if decoder_factory is None:
             def decoder_factory():
                 return StreamDecoder(tokenizer)
+        if proposer is None and config.speculative == "copy":
+            from ..scheduler.speculation import CopyProposer
+            proposer = CopyProposer()
         scheduler = RequestScheduler(loaded.contract, core_identity(core), config.policy,
-                                     eos_token_ids=core.recipe.eos_token_ids)
+                                     eos_token_ids=core.recipe.eos_token_ids, proposer=proposer)
         max_active = loaded.contract.max_active
         runtime = ModelRuntime(scheduler, executor, decoder_factory=decoder_factory,
                                capacity=capacity or 5 * max_active, capacity_hint=capacity_hint)

@@ -164,7 +164,8 @@ class Decoder:
         """Run the decoder; returns the final-normed hidden state of each row's sampled token.
 
         tokens: [B, Q] int64; sample_index: [B] int64 (query index per row), or None for
-        each row's last query (a view: no gather kernel). -> [B, hidden]. A packed step
+        each row's last query (a view: no gather kernel), or [B, K] (K queries per row).
+        -> [B, hidden] ([B, K, hidden]). A packed step
         (``batch`` a PackedBatch) has tokens [1, N] and ``sample_index`` [R]: flat token
         indices, one per sampled row.
         """
@@ -191,6 +192,8 @@ class Decoder:
             return y[0].index_select(0, sample_index)
         if sample_index is None:
             return y[:, -1]
+        if sample_index.dim() == 2:  # [B, K] query indices per row -> [B, K, hidden]
+            return y[torch.arange(b, device=y.device).view(-1, 1), sample_index]
         return y[torch.arange(b, device=y.device), sample_index]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -141,6 +141,16 @@ class Inputs:
         self._write("step.num_tokens", slice(first_row, first_row + capacity), counts)
         self._write("step.sample", slice(first_row, first_row + capacity), sample)
 
+    def set_drafts(self, drafts: Sequence[np.ndarray], capacity: int) -> None:
+        """A SPECULATIVE step's drafts: row i's tokens in step.tokens[i, :d] and d in
+        step.num_tokens[i]; rows up to ``capacity`` are padding (no drafts)."""
+        counts = np.zeros(capacity, np.int64)
+        for i, draft in enumerate(drafts):
+            counts[i] = len(draft)
+            if len(draft):
+                self._write("step.tokens", (i, slice(0, len(draft))), draft)
+        self._write("step.num_tokens", slice(0, capacity), counts)
+
     def set_snapshot_rows(self, rows: Sequence[int], capacity: int) -> None:
         """Logical snapshot IDs -> physical rows (id + 1); padding uses scratch row 0."""
         row = np.zeros(capacity, dtype=np.int64)
@@ -212,4 +222,6 @@ def pack_step(inputs: Inputs, step) -> list[Upload]:
             inputs.set_prefill_row(i, _NO_TOKENS, False)
     elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
         inputs.set_snapshot_rows(cols.snapshot, plan.batch)
+    elif kind == GraphKind.SPECULATIVE:
+        inputs.set_drafts(plan.drafts, plan.batch)
     return inputs.take()

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..config import EngineConfig
-from ..contract import PreparedContract
+from ..contract import PreparedContract, speculative_widths
 from ..errors import ExecutionError, FrontendError
 from .attention import KVCache
 from .checkpoint import runtime_weight_shapes
@@ -131,6 +131,7 @@ def load_model(core: PreparedWeights, config: EngineConfig = EngineConfig(),
         prefill_chunk_size=core.contract.prefill_chunk_size, num_pages=num_pages,
         num_snapshot_rows=rows, vocab_size=core.recipe.vocab_size, hidden_size=core.recipe.hidden_size,
         mixed_prefill=core.contract.mixed_prefill if config.mixed_prefill is None else config.mixed_prefill,
+        speculative_widths=() if config.speculative == "none" else speculative_widths(config.speculative_depth),
     )
     if progress:
         progress(f"KV cache: {num_pages} pages of {contract.page_tokens} tokens, {rows} snapshot rows")

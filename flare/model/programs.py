@@ -35,7 +35,11 @@ from ..contract import (
 )
 from .attention import AttentionBatch, KVCache, PackedBatch, PackedRows
 from .decoder import Decoder
-from .sampling import apply_grammar_masks, apply_penalties, greedy_tokens, philox_uniform, sample
+from .sampling import apply_grammar_masks, apply_penalties, greedy_tokens, philox_uniform, sample, verify_drafts
+
+# The acceptance test of a sampled draft draws from its own Philox stream (the request seed
+# with these bits flipped), so the sample stream stays the one plain decode draws from.
+ACCEPT_STREAM = 0x5EC0_7A11
 
 _TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "int32": torch.int32}
 
@@ -90,6 +94,7 @@ class StepPrograms:
             GraphKind.RESTORE: self._restore,
             GraphKind.RESUME: self._resume,
             GraphKind.MIXED: self._mixed,
+            GraphKind.SPECULATIVE: self._speculative,
         }
 
     def run(self, graph: GraphSpec) -> None:
@@ -339,6 +344,70 @@ class StepPrograms:
         hidden = self.decoder.forward(tokens.view(1, -1), batch, self.kv, sample_index)
         self._sample_rows(slots, hidden, do_sample, GraphKind.MIXED, graph.greedy, positions=new_positions,
                           keep_hidden=True)
+
+    def _speculative(self, graph: GraphSpec) -> None:
+        """Verify each row's drafts: one forward over w target positions per row.
+
+        Row r's positions hold its last sampled token (slot.token) and the ``step.num_tokens``
+        d <= w - 1 drafts in ``step.tokens[r, :d]``. The target's choice at position i is
+        compared with the draft at i + 1 (greedy: equal to the argmax; sampled: rejection
+        sampling, :func:`verify_drafts`); the row emits the accepted drafts and the target's
+        token after them (k + 1 tokens for k accepted), all in one record. KV written for the
+        rejected drafts lies past the new position: the next step overwrites it and no
+        attention reads beyond a row's length, which rolls it back.
+        """
+        buf, dev = self.buffers, self.device
+        b, w = graph.batch, graph.tokens
+        slots = self._step("step.slots", b)
+        d = self._step("step.num_tokens", b)
+        drafts = buf["step.tokens"][:b, :w - 1]
+        tokens = torch.cat([buf["slot.token"][slots].view(b, 1), drafts], dim=1)
+        pos0 = buf["slot.position"][slots]
+        positions = self._positions(pos0, w)
+        q = torch.arange(w, device=dev).view(1, w)
+        kv_lens = pos0 + d + 1
+        batch = AttentionBatch(
+            positions=positions.clamp(max=self.contract.context - 1),
+            write_index=self._write_index(slots, positions, q <= d.view(-1, 1)),
+            page_table=self._page_table(slots, kv_lens),
+            kv_lens=kv_lens,
+        )
+        hidden = self.decoder.forward(tokens, batch, self.kv, q.expand(b, w))  # [b, w, hidden]
+        logits = self.decoder.logits(hidden.reshape(b * w, -1))
+        # the draft each position's choice is checked against: the token fed at the next position
+        following = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=dev)], dim=1)
+        has_draft = q < d.view(-1, 1)
+        if graph.greedy:
+            token = logits.argmax(dim=-1).view(b, w)
+            accepted = has_draft & (following == token)
+        else:
+            seed = buf["slot.seed"][slots].view(b, 1).expand(b, w).reshape(-1)
+            counter = (buf["slot.generated"][slots].view(b, 1) + q).reshape(-1)
+            params = buf["slot.sampling"][slots].repeat_interleave(w, dim=0)
+            accepted, token = verify_drafts(logits, params, following.reshape(-1), has_draft.reshape(-1),
+                                            philox_uniform(seed ^ ACCEPT_STREAM, counter),
+                                            philox_uniform(seed, counter))
+            accepted, token = accepted.view(b, w), token.view(b, w)
+        k = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # accepted drafts per row
+        new = k + 1
+        emitted = q < new.view(-1, 1)
+        last = token.gather(1, k.view(-1, 1)).view(b)
+        self.hidden.index_copy_(0, slots, hidden[torch.arange(b, device=dev), k])
+        buf["slot.position"].index_copy_(0, slots, pos0 + new)
+        buf["slot.token"].index_copy_(0, slots, last)
+        buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + new)
+        self.output_counts.view(-1).scatter_add_(
+            0, (slots.view(b, 1) * self.output_counts.shape[1] + token).view(-1), emitted.to(torch.int32).view(-1))
+        rec = torch.zeros(b, RECORD_FIELDS, dtype=torch.int64, device=dev)
+        rec[:, REC_SLOT] = slots
+        rec[:, REC_GENERATION] = buf["slot.generation"][slots]
+        rec[:, REC_CONSUMED] = buf["slot.position"][slots]
+        rec[:, REC_GENERATED] = buf["slot.generated"][slots]
+        rec[:, REC_NEW_TOKENS] = new
+        rec[:, REC_KIND] = int(GraphKind.SPECULATIVE)
+        rec[:, REC_FLAGS] = REC_FLAG_PARTICIPATED + REC_FLAG_SAMPLED
+        rec[:, REC_TOKEN0:REC_TOKEN0 + w] = torch.where(emitted, token, 0)
+        self._write_frame("out.records", slots, rec)
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]

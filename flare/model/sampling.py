@@ -123,19 +123,15 @@ def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
     return torch.where(do_sample, penalized.argmax(dim=-1), slot_token[slots])
 
 
-def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Sample one token per row from penalized float32 logits [B, V]; returns int64 [B].
-
-    Greedy rows (temperature <= 0 or top_k == 1) take the argmax.
-    """
-    b, v = logits.shape
+def _filtered(logits: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The filtered distribution of each row, in descending order of probability:
+    (kept [B, V] unnormalized probabilities, zero where filtered; order [B, V] their token ids;
+    keep [B, V] the surviving ranks). Filters: temperature, top-k, top-p, min-p."""
+    v = logits.shape[1]
     temperature = params[:, SAMPLING_TEMPERATURE:SAMPLING_TEMPERATURE + 1]
     top_p = params[:, SAMPLING_TOP_P:SAMPLING_TOP_P + 1]
     top_k = params[:, SAMPLING_TOP_K:SAMPLING_TOP_K + 1]
     min_p = params[:, SAMPLING_MIN_P:SAMPLING_MIN_P + 1]
-    greedy = (temperature[:, 0] <= 0) | (top_k[:, 0] == 1)
-    argmax = logits.argmax(dim=-1)
-
     scaled = logits / torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
@@ -147,11 +143,59 @@ def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor) ->
     keep &= before < top_p
     keep &= probs >= min_p * probs[:, :1]
     keep |= rank == 0  # the most likely token always survives filtering (and padding rows stay valid)
-    kept = torch.where(keep, probs, torch.zeros_like(probs))
+    return torch.where(keep, probs, torch.zeros_like(probs)), order, keep
+
+
+def _invert(kept: torch.Tensor, order: torch.Tensor, last: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The token at ``uniform`` of the CDF of the kept mass, per row (int64 [B]); ``last``
+    [B, 1]: the last rank that may be chosen."""
+    b, v = kept.shape
     cdf = torch.cumsum(kept, dim=-1)
     target = uniform.view(b, 1) * cdf[:, -1:]
     index = torch.searchsorted(cdf, target, right=True).clamp_(max=v - 1)
     # never land on a filtered token (possible only through float ties at the boundary)
-    index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
-    sampled = order.gather(1, index).view(b)
-    return torch.where(greedy, argmax, sampled)
+    return order.gather(1, torch.minimum(index, last)).view(b)
+
+
+def _is_greedy(params: torch.Tensor) -> torch.Tensor:
+    return (params[:, SAMPLING_TEMPERATURE] <= 0) | (params[:, SAMPLING_TOP_K] == 1)
+
+
+def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row from penalized float32 logits [B, V]; returns int64 [B].
+
+    Greedy rows (temperature <= 0 or top_k == 1) take the argmax.
+    """
+    kept, order, keep = _filtered(logits, params)
+    last = keep.sum(dim=-1, keepdim=True) - 1
+    return torch.where(_is_greedy(params), logits.argmax(dim=-1), _invert(kept, order, last, uniform))
+
+
+def verify_drafts(logits: torch.Tensor, params: torch.Tensor, drafts: torch.Tensor, has_draft: torch.Tensor,
+                  accept_uniform: torch.Tensor, sample_uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling of deterministic drafts, one target position per row.
+
+    Row i's draft (the token proposed to follow position i, where ``has_draft``) is accepted
+    with the probability the filtered target distribution p gives it; a rejected draft is
+    replaced by a sample from p with the draft's mass removed and renormalized, and a row
+    without a draft samples p. The emitted token is therefore distributed as p whatever the
+    proposal (Leviathan et al. 2023, with a point-mass proposal q). Greedy rows accept a
+    draft equal to the argmax and emit the argmax.
+
+    logits [N, V] float32; params [N, SAMPLING_COLUMNS]; drafts, has_draft [N];
+    uniforms [N] float32. -> (accepted [N] bool, token [N] int64).
+    """
+    kept, order, keep = _filtered(logits, params)
+    mass = kept.sum(dim=-1)
+    at = order == drafts.view(-1, 1)  # the draft's rank (one True per row, or none past V)
+    draft_mass = torch.where(at, kept, torch.zeros_like(kept)).sum(dim=-1)
+    greedy = _is_greedy(params)
+    argmax = logits.argmax(dim=-1)
+    accepted = has_draft & torch.where(greedy, drafts == argmax, accept_uniform * mass < draft_mass)
+    residual = torch.where(at & has_draft.view(-1, 1), torch.zeros_like(kept), kept)
+    # the last rank with mass left (a rejected draft may have been the last kept one)
+    rank = torch.arange(kept.shape[1], device=kept.device).view(1, -1)
+    last = torch.where(residual > 0, rank, 0).amax(dim=-1, keepdim=True)
+    token = _invert(residual, order, last, sample_uniform)
+    token = torch.where(accepted, drafts, token)
+    return accepted, torch.where(greedy, argmax, token)

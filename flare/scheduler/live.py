@@ -43,6 +43,10 @@ class SlotTable:
         self.has_stop_ids = np.zeros(n, np.bool_)  # request-specific stop_token_ids
         self.plain = np.zeros(n, np.bool_)  # greedy without logprobs: may use greedy decode graphs
         self.constrained = np.zeros(n, np.bool_)  # structured output: each sample waits for its mask
+        # speculative decoding: the request may speculate (no grammar, logprobs or penalties), and
+        # a SPECULATIVE step of it is in flight (its planned counters are an upper bound until then)
+        self.speculable = np.zeros(n, np.bool_)
+        self.spec_inflight = np.zeros(n, np.bool_)
         self.gen_base = np.zeros(n, np.int64)  # a preempted request's continuation: tokens sampled before
         self.token_debt = np.zeros(n, np.float64)
         self.delivery_debt = np.zeros(n, np.float64)
@@ -61,6 +65,7 @@ class SlotTable:
             getattr(self, name)[slot] = 0
         self.ended[slot] = self.records_after_end[slot] = False
         self.ignore_eos[slot] = self.has_stop_ids[slot] = self.plain[slot] = self.constrained[slot] = False
+        self.speculable[slot] = self.spec_inflight[slot] = False
         self.token_debt[slot] = self.delivery_debt[slot] = 0.0
         self.phase[slot] = int(Phase.RETIRED)
 
@@ -121,6 +126,7 @@ class LiveRequest:
         self.base_outputs: np.ndarray | None = None
         self.preempted = False
         self.last_output: float | None = None
+        self.speculation: dict | None = None  # proposal source -> AcceptanceStats (scheduler/speculation.py)
 
     planned = _hot("planned")
     planned_generated = _hot("planned_gen")
@@ -159,6 +165,9 @@ class LiveRequest:
         t.has_stop_ids[slot] = bool(self.params.stop_token_ids)
         t.plain[slot] = self.params.is_greedy and not self.params.logprobs
         t.constrained[slot] = self.params.grammar is not None
+        p = self.params
+        t.speculable[slot] = (p.grammar is None and not p.logprobs and p.presence_penalty == 0
+                              and p.frequency_penalty == 0 and p.repetition_penalty == 1)
         t.gen_base[slot] = self.gen_base
         t.last_progress[slot] = now
 

@@ -110,6 +110,7 @@ class ScheduledPlan:
     is_funded_refresh: bool = False  # chosen over the winner on refresh credit (commit pays)
     width: int = 0  # MIXED: the graph's decode width w
     decode_rows: int = 0  # MIXED: the leading rows of cols that decode (the rest prefill)
+    drafts: tuple[np.ndarray, ...] = ()  # SPECULATIVE: each row's drafted tokens (cols.num_tokens - 1 each)
 
     @property
     def rows(self) -> tuple[PlanRow, ...]:

@@ -85,6 +85,8 @@ class Selection:
         for i, (kind, graph, rows, v) in enumerate(candidates):
             if kind == GraphKind.MIXED:  # MixedRows: its decode cohort, then prefill rows
                 served_decoding, served_terminal = len(rows.decode), 0
+            elif kind == GraphKind.SPECULATIVE:  # SpeculativeRows: decoders only
+                served_decoding, served_terminal = len(rows), 0
             else:
                 served_decoding = sum(1 for r in rows if s.live[r.rid].phase == Phase.DECODING)
                 served_terminal = sum(1 for r in rows if s.live[r.rid].phase == Phase.FINISHING)
@@ -116,12 +118,15 @@ class Selection:
             kind, _, rows, _ = candidates[best]
             if kind == GraphKind.MIXED:  # its decode rows lead (steps/mixed.py)
                 cols = RowArrays.concat(rows.decode, RowArrays.from_rows(rows.prefill))
+            elif kind == GraphKind.SPECULATIVE:
+                cols = rows.cols
             else:
                 cols = RowArrays.from_rows(rows)
         decode_rows = len(rows.decode) if kind == GraphKind.MIXED else 0
+        drafts = rows.drafts if kind == GraphKind.SPECULATIVE else ()
         return ScheduledPlan(s.id, kind, graph.index, graph.batch, graph.tokens, cols,
                              s.timing.estimate_ns(graph.index), funded or bool(stale[best]), funded,
-                             graph.width, decode_rows)
+                             graph.width, decode_rows, drafts)
 
     # -- fairness --------------------------------------------------------------
 

@@ -68,6 +68,7 @@ from .plan import (
 )
 from .policy import Selection
 from .resources import IdPool
+from .speculation import Proposer, Speculation
 from .steps import DECODE, STEPS, StepKind
 from .targets import CheckpointTargets
 from .timing import TimingEstimates
@@ -79,7 +80,8 @@ _EMPTY = np.zeros(0, np.int64)
 
 class RequestScheduler:
     def __init__(self, contract: PreparedContract, identity: bytes, policy: PolicyConfig = PolicyConfig(), *,
-                 eos_token_ids: Sequence[int] = (), clock: Callable[[], float] = time.monotonic):
+                 eos_token_ids: Sequence[int] = (), clock: Callable[[], float] = time.monotonic,
+                 proposer: Proposer | None = None):
         self.id = next(_scheduler_ids)
         self.contract = contract
         self.policy = policy
@@ -142,6 +144,9 @@ class RequestScheduler:
                                          [*self.mixed_graphs.get(0, ()),
                                           *(g for (w, _), g in self.mixed_greedy.items() if w == 0)])
         self.selection = Selection(self, self.targets)
+        # speculative decoding: with a proposer and the contract's SPECULATIVE graphs
+        self.speculation = (Speculation(self, proposer) if proposer is not None and contract.speculative_widths
+                            else None)
         # Preemption: a preempted request continues as a new request (its own ID); clients keep
         # the first ID. _origin: scheduler ID -> client ID (continuations only); _current: the
         # reverse, for the IDs clients name in finish / cancel / request.
@@ -366,13 +371,17 @@ class RequestScheduler:
                 return None
         sel = self.selection
         decode = DECODE.cohort(self)
-        if not sel.has_other_work():
+        spec = self.speculation
+        speculative = spec.candidates(sel, decode[1]) if spec is not None and decode is not None else []
+        if not sel.has_other_work() and not speculative:
             if decode is None:
                 if not window:
                     self.timing.idle()
                 return None
             # Only the decode cohort can run: no scoring needed.
             graph, slots = decode
+            if window and spec is not None and spec.prefers(slots, graph):
+                return None  # let the window drain: the decoders speculate once nothing of theirs is in flight
             stale = self.timing.is_stale(graph.index, now)
             if window and stale:
                 return None
@@ -387,6 +396,15 @@ class RequestScheduler:
             # in / 256 out at concurrency 64), 3,035 output tok/s and TTFT p50 3.6 s with pure
             # decode competing, 4,959 and 0.35 s with the decoders riding (docs/scheduler.md).
             decode = None
+            speculative = []  # speculation serves decode-only phases
+        if speculative:
+            probe = spec.probe(speculative)
+            if probe >= 0:  # speculation stopped paying: a round funded by decode time tests it again
+                g = speculative[probe][1]
+                return spec.plan(speculative[probe], self.timing.estimate_ns(g.index), probe=True)
+            candidates += speculative
+        elif decode is not None and window and spec is not None and spec.prefers(decode[1], decode[0]):
+            return None  # as above: drain so that the decoders can speculate
         if decode is not None:
             decode = (decode[0], decode[1], DECODE.value(sel, decode[1]))
         if not candidates and decode is None:
@@ -470,6 +488,8 @@ class RequestScheduler:
             step = DECODE.commit(self, plan, fence, now)
         elif plan.kind == GraphKind.MIXED:
             step = self._commit_mixed(plan, fence, now)
+        elif plan.kind == GraphKind.SPECULATIVE:
+            step = self.speculation.commit(plan, fence, now)
         else:
             step = self._commit_rows(plan, fence, now)
         if not self.inflight:
@@ -597,8 +617,11 @@ class RequestScheduler:
                                   f"submission (fence {step.fence}, graph {step.plan.graph_index})")
         cols = step.cols
         slots = cols.slots
+        kind = step.plan.kind
+        if kind == GraphKind.SPECULATIVE:
+            return self._complete_speculative(step, records, duration_ns)
         bad = fast.validate_records(records, slots, cols.generations, step.consumed, step.generated,
-                                    STEPS[step.plan.kind].max_new_tokens)
+                                    STEPS[kind].max_new_tokens)
         if bad >= 0:
             s = int(slots[bad])
             rec = records[s] if 0 <= s < len(records) else None
@@ -610,16 +633,7 @@ class RequestScheduler:
                 f"consumed {step.consumed[bad]}, generated {step.generated[bad]}")
         # -- commit the completion
         t = self.table
-        self.inflight.popleft()
-        self.completed_fence = fence
-        now = self.clock()
-        self._oldest_submit = now
-        self.launches[step.plan.kind] += 1
-        self.timing.observe(graph_index, duration_ns, now)
-        t.consumed[slots] = step.consumed
-        t.generated[slots] = step.generated
-        t.inflight[slots] -= 1
-        t.epoch[slots] += 1
+        self._pop_completion(step, step.consumed, step.generated, duration_ns)
         new = records[slots, REC_NEW_TOKENS] > 0
         emit = new & ~t.ended[slots]
         late = new & t.records_after_end[slots] & t.ended[slots]
@@ -650,11 +664,82 @@ class RequestScheduler:
                 ended.append(end._replace(rid=self.client_rid(req.rid)))
         else:
             es = rids = tokens = index = _EMPTY
+        if self.speculation is not None and kind in (GraphKind.DECODE, GraphKind.MIXED):
+            self.speculation.observe_decode(len(slots) if kind == GraphKind.DECODE else step.plan.decode_rows,
+                                            duration_ns)
+        return self._finish_completion(step, es, rids, tokens, index, ended, duration_ns)
+
+    def _finish_completion(self, step: CommittedStep, es, rids, tokens, index, ended, duration_ns: int) -> StepResult:
+        t, fence, slots = self.table, step.fence, step.cols.slots
         self.selection.update_prices(step, duration_ns * 1e-9, es)
         published = self._advance(fence)
         for s in slots[(t.phase[slots] == int(Phase.RETIRING)) & (t.inflight[slots] == 0)]:
             self._try_retire(self.by_slot[int(s)])
         return StepResult(fence, rids, es, tokens, index, tuple(ended), published)
+
+    def _pop_completion(self, step: CommittedStep, consumed, generated, duration_ns: int) -> None:
+        t, slots = self.table, step.cols.slots
+        self.inflight.popleft()
+        self.completed_fence = step.fence
+        now = self.clock()
+        self._oldest_submit = now
+        self.launches[step.plan.kind] += 1
+        self.timing.observe(step.plan.graph_index, duration_ns, now)
+        t.consumed[slots] = consumed
+        t.generated[slots] = generated
+        t.inflight[slots] -= 1
+        t.epoch[slots] += 1
+
+    def _complete_speculative(self, step: CommittedStep, records: np.ndarray, duration_ns: int) -> StepResult:
+        """A verification: each row kept 1 + its accepted drafts. Planned counters fall back
+        from the commit's upper bound to what was accepted; the tokens are emitted in order up
+        to the first stop or the output limit. A request that ends inside its accepted drafts
+        has device state past its end, so it publishes no terminal checkpoint (an inexact one
+        would be worse); its earlier checkpoints stay."""
+        spec, t, cols = self.speculation, self.table, step.cols
+        slots = cols.slots
+        new = spec.validate(step, records)
+        width = cols.num_tokens
+        t.planned[slots] -= width - new
+        t.planned_gen[slots] -= width - new
+        t.spec_inflight[slots] = False
+        self._pop_completion(step, step.consumed - width + new, step.generated - width + new, duration_ns)
+        spec.counters.verification_steps += 1
+        es, rids, tokens, index, ended = [], [], [], [], []
+        for i, s in enumerate(slots.tolist()):
+            req = self.by_slot[s]
+            n = int(new[i])
+            row = records[s, REC_TOKEN0:REC_TOKEN0 + n]
+            at = int(t.num_out[s])
+            if t.ended[s]:
+                if t.records_after_end[s]:  # recorded for the terminal checkpoint, never emitted
+                    t.out[s, at:at + n] = row
+                    t.num_out[s] = at + n
+                continue
+            kept, end = n, None
+            for j, token in enumerate(row.tolist()):
+                if token in req.stop_ids:
+                    kept, end = j + 1, Ended(req.rid, "stop", token)
+                    break
+                if at + j + 1 >= t.limit[s]:
+                    kept, end = j + 1, Ended(req.rid, "length", None)
+                    break
+            t.out[s, at:at + kept] = row[:kept]
+            t.num_out[s] = at + kept
+            client = self.client_rid(req.rid)
+            es.extend([s] * kept)
+            rids.extend([client] * kept)
+            tokens.extend(row[:kept].tolist())
+            index.extend(range(at, at + kept))
+            spec.observe(req, int(width[i]) - 1, n - 1, kept)
+            if end is not None:
+                if kept < n:
+                    req.terminal_row = self._release_row(req.terminal_row, req)
+                self._end(req, end)
+                ended.append(end._replace(rid=client))
+        as_array = lambda values: np.asarray(values, np.int64)  # noqa: E731
+        return self._finish_completion(step, as_array(es), as_array(rids), as_array(tokens), as_array(index),
+                                       ended, duration_ns)
 
     def _end(self, req: LiveRequest, end: Ended) -> None:
         """A request just ended: count it and move it toward retirement."""

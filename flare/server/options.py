@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import GENERATION_CONFIGS, MAX_ACTIVE_LIMIT, EngineConfig, ServerConfig
+from ..config import GENERATION_CONFIGS, MAX_ACTIVE_LIMIT, SPECULATIVE_MODES, EngineConfig, ServerConfig
 from ..errors import Error
 
 ENV_PREFIX = "FLARE_"
@@ -54,6 +54,9 @@ _FLAGS = (
     ("--tool-parser", "tool_parser", "tool-call parser: 'auto' (the core's, or what --chat-template implies), "
                                      "'none', or a parser name (docs/api.md, Tool calls)"),
     ("--reasoning-parser", "reasoning_parser", "reasoning parser: 'auto', 'none', or a parser name"),
+    ("--speculative", "speculative", "speculative decoding: 'copy' (drafts by n-gram lookup over the prompt and "
+                                     "output) or 'none'"),
+    ("--speculative-depth", "speculative_depth", "most drafted tokens verified per request and step, 1..7"),
 )
 # Switches: present means true.
 _SWITCHES = (
@@ -202,6 +205,10 @@ def _validate(config: ServerConfig) -> None:
         (0 <= config.engine.max_active <= MAX_ACTIVE_LIMIT,
          f"max_active must be 0..{MAX_ACTIVE_LIMIT}, got {config.engine.max_active}"),
         (config.log_level.lower() in LOG_LEVELS, f"log_level must be one of {', '.join(LOG_LEVELS)}"),
+        (config.engine.speculative in SPECULATIVE_MODES,
+         f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {config.engine.speculative!r}"),
+        (1 <= config.engine.speculative_depth <= 7,
+         f"speculative_depth must be 1..7, got {config.engine.speculative_depth}"),
         (config.max_body_bytes >= 0, "max_body_bytes must be non-negative"),
         (config.max_header_bytes >= 1024, "max_header_bytes must be at least 1024"),
         (config.max_url_bytes >= 256, "max_url_bytes must be at least 256"),

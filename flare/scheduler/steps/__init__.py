@@ -9,12 +9,12 @@ column-wise (decode.py). A new kind is a new module here plus a registry entry.
 from __future__ import annotations
 
 from ...contract import GraphKind
-from . import decode, initialize, mixed, prefill, restore, resume, snapshot
+from . import decode, initialize, mixed, prefill, restore, resume, snapshot, speculative
 from .base import Candidate, CandidateBudget, RowExtra, StepKind
 
 STEPS: dict[GraphKind, StepKind] = {
     step.kind: step for step in (initialize.STEP, restore.STEP, resume.STEP, snapshot.STEP, prefill.STEP,
-                                 mixed.STEP, decode.STEP)
+                                 mixed.STEP, decode.STEP, speculative.STEP)
 }
 ROW_STEPS: tuple[StepKind, ...] = (initialize.STEP, restore.STEP, resume.STEP, snapshot.STEP, prefill.STEP,
                                    mixed.STEP)

@@ -25,7 +25,7 @@ class Decode(StepKind):
     def decodable(view) -> np.ndarray:
         """Slots whose request can take another decode step now (column-wise test)."""
         t = view.table
-        mask = (t.phase == int(Phase.DECODING)) & ~t.ended & (t.planned_gen < t.limit)
+        mask = (t.phase == int(Phase.DECODING)) & ~t.ended & (t.planned_gen < t.limit) & ~t.spec_inflight
         return np.flatnonzero(mask)
 
     @staticmethod

@@ -1,0 +1,364 @@
+"""Speculative decoding on the host: proposals, acceptance statistics, width selection.
+
+A SPECULATIVE step verifies up to w - 1 drafted tokens per request in one forward pass
+(model/programs.py, ``_speculative``). The host side lives here:
+
+- a :class:`Proposer` drafts each round's tokens: :class:`CopyProposer` (n-gram lookup
+  over the prompt and output, ``flare serve --speculative copy``) or the benchmark's
+  :class:`ReplayProposer` (a known continuation, right with a chosen probability);
+- :class:`AcceptanceStats`, one per request and proposal source, learns the conditional
+  acceptance of each draft depth from that request's own verifications;
+- :class:`Speculation` builds the SPECULATIVE candidates (one per captured width, valued
+  by the tokens each row is expected to keep), decides when pipelined decode should drain
+  so that a speculative round can run, funds probes once speculation stopped paying, and
+  keeps the spec's counters (verification and drafter steps, acceptance length, DEPTH).
+
+Eligible requests: not grammar-constrained, no logprobs, no presence/frequency/repetition
+penalty. Others decode as before (docs/speculative.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, NamedTuple
+
+import numpy as np
+
+from .._fast.ngram import propose_copy
+from ..contract import RECORD_TOKENS, GraphKind, GraphSpec
+from .errors import CompletionError, StalePlanError
+from .plan import CommittedStep, RowArrays, ScheduledPlan
+
+if TYPE_CHECKING:
+    from .live import LiveRequest
+
+MAX_DEPTH = RECORD_TOKENS - 1
+PRIOR_HITS, PRIOR_TRIALS = 1.0, 2.0  # a Beta(1, 1) prior: an unobserved depth is accepted half the time
+AGING = 0.9  # each verification ages the request's earlier observations by this factor
+AVAILABILITY_AGING = 0.8
+PROBE_FRACTION = 0.01  # of decode time, funding speculative rounds once speculation stopped paying
+DRAIN_MARGIN = 1.05  # speculation must beat pipelined decode by this much to drain the window for it
+
+
+class Proposer:
+    """Drafts the tokens expected to follow a request's history."""
+
+    source = ""  # "copy" | "replay" (acceptance statistics are kept per source)
+    learned = False  # a learned drafter: its depth counts as drafter steps
+
+    def propose(self, req: "LiveRequest", out: np.ndarray, num_out: int, depth: int) -> np.ndarray:
+        """Up to ``depth`` tokens (int64) to follow ``req.prompt`` + ``out[:num_out]``."""
+        raise NotImplementedError
+
+
+class CopyProposer(Proposer):
+    """Prompt-lookup decoding: continue the latest earlier occurrence of the history's longest
+    suffix of ``max_ngram`` down to ``min_ngram`` tokens (flare/_fast/ngram.pyx)."""
+
+    source = "copy"
+
+    def __init__(self, min_ngram: int = 2, max_ngram: int = 4):
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self._dest = np.zeros(MAX_DEPTH, np.int64)
+
+    def propose(self, req, out, num_out, depth):
+        n = propose_copy(req.prompt, out, num_out, self.min_ngram, self.max_ngram, self._dest[:depth])
+        return self._dest[:n].copy()
+
+
+class ReplayProposer(Proposer):
+    """A benchmarking tool (not a serving option): replays a precomputed continuation of each
+    prompt as the draft, each position right with probability ``accept`` (a wrong draft is the
+    true token + 1), so speed can be measured as a function of acceptance on random weights."""
+
+    source = "replay"
+
+    def __init__(self, continuations: Mapping[bytes, np.ndarray], accept: float, vocab_size: int, seed: int = 0):
+        self.continuations = continuations
+        self.accept = accept
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, req, out, num_out, depth):
+        truth = self.continuations.get(np.asarray(req.prompt, np.int32).tobytes())
+        if truth is None:
+            return np.zeros(0, np.int64)
+        draft = np.asarray(truth[num_out:num_out + depth], np.int64).copy()
+        wrong = self.rng.random(len(draft)) >= self.accept
+        draft[wrong] = (draft[wrong] + 1) % self.vocab_size
+        return draft
+
+
+class AcceptanceStats:
+    """One request's conditional draft acceptance by depth, for one proposal source.
+
+    Depth i's rate is the chance the i-th draft is accepted given the ones before it were.
+    Observations age (AGING) so a request that stops copying is noticed; the prior is added
+    after aging, so an unobserved depth keeps the prior mean."""
+
+    __slots__ = ("hits", "trials", "available")
+
+    def __init__(self):
+        self.hits = np.zeros(MAX_DEPTH)
+        self.trials = np.zeros(MAX_DEPTH)
+        self.available = 1.0  # aged share of rounds the proposer had a draft
+
+    def rates(self) -> np.ndarray:
+        return (self.hits + PRIOR_HITS) / (self.trials + PRIOR_TRIALS)
+
+    def expected(self, depth: int) -> float:
+        """Expected accepted drafts of ``depth`` offered (the bonus token not counted)."""
+        return float(np.cumprod(self.rates()[:depth]).sum()) if depth > 0 else 0.0
+
+    def observe(self, offered: int, accepted: int, censored: bool) -> None:
+        """A verification: ``accepted`` of ``offered`` drafts; ``censored``: the request ended
+        inside the accepted prefix, so the depths after it were not tested."""
+        self.hits *= AGING
+        self.trials *= AGING
+        self.hits[:accepted] += 1
+        self.trials[:accepted] += 1
+        if accepted < offered and not censored:
+            self.trials[accepted] += 1  # the first rejected draft
+
+    def saw_draft(self, had: bool) -> None:
+        self.available = AVAILABILITY_AGING * self.available + (1 - AVAILABILITY_AGING) * had
+
+
+class SpeculativeRows(NamedTuple):
+    """A SPECULATIVE candidate's rows (column-wise) and each row's drafts."""
+
+    cols: RowArrays
+    drafts: tuple[np.ndarray, ...]
+
+    def __len__(self) -> int:
+        return len(self.cols)
+
+
+class SpeculationCounters:
+    """The spec's speculative figures (docs/metrics.md)."""
+
+    __slots__ = ("verification_steps", "drafter_steps", "draft_positions", "accepted_drafts", "draft_rounds",
+                 "generation_rounds", "probes")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Accepted drafts per request round that offered at least one draft (no bonus token)."""
+        return self.accepted_drafts / self.draft_rounds if self.draft_rounds else 0.0
+
+    @property
+    def depth(self) -> float:
+        """DEPTH: allocated draft positions per progressing generation request round."""
+        return self.draft_positions / self.generation_rounds if self.generation_rounds else 0.0
+
+
+class Speculation:
+    """SPECULATIVE candidates, commit and completion for one RequestScheduler."""
+
+    def __init__(self, scheduler, proposer: Proposer):
+        self.s = scheduler
+        self.proposer = proposer
+        graphs = [g for g in scheduler.contract.graphs if g.kind == GraphKind.SPECULATIVE]
+        self.widths = sorted({g.tokens for g in graphs})
+        self.batches = sorted({g.batch for g in graphs})
+        self.graphs: dict[tuple[int, int, bool], GraphSpec] = {(g.batch, g.tokens, g.greedy): g for g in graphs}
+        self.counters = SpeculationCounters()
+        self.probe_credit_s = 0.0
+
+    @property
+    def max_batch(self) -> int:
+        return self.batches[-1]
+
+    def _batch_for(self, n: int) -> int:
+        return next(b for b in self.batches if b >= n)
+
+    def stats(self, req: "LiveRequest") -> AcceptanceStats:
+        by_source = req.speculation
+        if by_source is None:
+            by_source = req.speculation = {}
+        st = by_source.get(self.proposer.source)
+        if st is None:
+            st = by_source[self.proposer.source] = AcceptanceStats()
+        return st
+
+    # -- planning --------------------------------------------------------------
+
+    def eligible(self, slots: np.ndarray) -> np.ndarray:
+        t = self.s.table
+        return slots[t.speculable[slots] & ~t.spec_inflight[slots]]
+
+    def candidates(self, sel, decoding: np.ndarray) -> list:
+        """One SPECULATIVE candidate per captured width over the decoders with nothing in flight
+        that may speculate; none when no row has a draft."""
+        s, t = self.s, self.s.table
+        slots = self.eligible(decoding)
+        slots = slots[t.inflight[slots] == 0]
+        if not len(slots):
+            return []
+        free = s.num_free_pages
+        rows, drafts = [], []
+        top = self.widths[-1] - 1
+        for slot in slots.tolist():
+            req = s.by_slot[slot]
+            # a round may emit 1 + depth tokens: within the output limit and the context
+            depth = min(top, int(t.limit[slot] - t.planned_gen[slot]) - 1, s.contract.context - int(t.planned[slot]) - 1)
+            draft = self.proposer.propose(req, t.out[slot], int(t.num_out[slot]), depth) if depth > 0 else _NONE
+            need = s.new_pages_needed(req, int(t.planned[slot]) + len(draft) + 1)
+            while len(draft) and need > free:  # fewer drafts when their pages are not free
+                draft = draft[:-1]
+                need = s.new_pages_needed(req, int(t.planned[slot]) + len(draft) + 1)
+            if need > free:
+                continue
+            free -= need
+            self.stats(req).saw_draft(len(draft) > 0)
+            rows.append(slot)
+            drafts.append(draft)
+        if not any(len(d) for d in drafts):
+            return []
+        order = sorted(range(len(rows)), key=lambda i: -len(drafts[i]))[:self.max_batch]
+        rows = np.asarray([rows[i] for i in order], np.int64)
+        drafts = [drafts[i] for i in order]
+        b = self._batch_for(len(rows))
+        greedy = bool(t.plain[rows].all())
+        unit = sel.pol.output_token_value
+        base = _decode_value(sel, rows)
+        out = []
+        for w in self.widths:
+            cut = tuple(d[:w - 1] for d in drafts)
+            expected = sum(self.stats(s.by_slot[int(r)]).expected(len(d)) for r, d in zip(rows.tolist(), cut))
+            cols = _rows(t, rows, np.fromiter((len(d) for d in cut), np.int64, len(cut)))
+            g = self.graphs[(b, w, greedy)]
+            out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(cols, cut), base + unit * expected))
+        return out
+
+    def prefers(self, cohort: np.ndarray, decode_graph: GraphSpec) -> bool:
+        """Whether the window of pipelined decode steps should drain so that the cohort's
+        eligible decoders can speculate: their expected tokens per millisecond in the best
+        width beat the decode step's (by DRAIN_MARGIN), an eligible width is unmeasured, or a
+        probe is funded."""
+        s = self.s
+        slots = self.eligible(cohort)
+        if not len(slots):
+            return False
+        slots = slots[:self.max_batch]
+        b = self._batch_for(len(slots))
+        decode_ms = s.timing.estimate_ns(decode_graph.index) * 1e-6
+        if not decode_ms:
+            return False
+        greedy = bool(s.table.plain[slots].all())
+        stats = [self.stats(s.by_slot[int(r)]) for r in slots.tolist()]
+        best = 0.0
+        for w in self.widths:
+            g = self.graphs[(b, w, greedy)]
+            est = s.timing.estimate_ns(g.index) * 1e-6
+            if not est:
+                return True  # unmeasured: explore
+            if est <= self.probe_credit_s * 1e3:
+                return True
+            tokens = sum(1.0 + st.available * st.expected(w - 1) for st in stats)
+            best = max(best, tokens / est)
+        return best > DRAIN_MARGIN * len(slots) / decode_ms
+
+    def probe(self, candidates: list) -> int:
+        """Index of a funded probe among the SPECULATIVE candidates (the widest one whose
+        estimate the credit covers), or -1."""
+        credit_ms = self.probe_credit_s * 1e3
+        best = -1
+        for i, (kind, g, _, _) in enumerate(candidates):
+            if kind == GraphKind.SPECULATIVE:
+                est = self.s.timing.estimate_ns(g.index) * 1e-6
+                if est and est <= credit_ms:
+                    best = i
+        return best
+
+    def plan(self, candidate, estimate_ns: int, probe: bool) -> ScheduledPlan:
+        _, g, rows, _ = candidate
+        if probe:
+            self.probe_credit_s -= estimate_ns * 1e-9
+            self.counters.probes += 1
+        return ScheduledPlan(self.s.id, GraphKind.SPECULATIVE, g.index, g.batch, g.tokens, rows.cols, estimate_ns,
+                             drafts=rows.drafts)
+
+    # -- commit and completion ---------------------------------------------------
+
+    def commit(self, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
+        """Map every position a row may write (its last token and drafts), advance its planned
+        state to the most the round can emit; completion corrects it to what was accepted."""
+        s, t = self.s, self.s.table
+        slots = plan.cols.slots
+        width = plan.cols.num_tokens  # 1 + drafts
+        reqs = [s.by_slot[int(x)] for x in slots.tolist()]
+        need = sum(s.new_pages_needed(r, int(t.planned[r.slot]) + int(n)) for r, n in zip(reqs, width.tolist()))
+        if need > s.num_free_pages:
+            raise StalePlanError("the plan needs more free pages than are available")
+        uploads = [s.assign_pages(r, int(t.planned[r.slot]) + int(n)) for r, n in zip(reqs, width.tolist())]
+        t.planned[slots] += width
+        t.planned_gen[slots] += width
+        t.inflight[slots] += 1
+        t.spec_inflight[slots] = True
+        t.last_fence[slots] = fence
+        t.epoch[slots] += 1
+        t.last_progress[slots] = now
+        return CommittedStep(fence, plan, t.planned[slots].copy(), t.reported_generated(slots),
+                             tuple(u for u in uploads if u.pages), committed_at=now)
+
+    def validate(self, step: CommittedStep, records: np.ndarray) -> np.ndarray:
+        """Each row's new tokens (1 + accepted drafts) after checking its record against the
+        commit: slot, generation, 1 <= new <= 1 + drafts, counters advanced by exactly new."""
+        from ..contract import REC_CONSUMED, REC_GENERATED, REC_GENERATION, REC_NEW_TOKENS, REC_SLOT
+
+        cols = step.cols
+        slots = cols.slots
+        rec = records[slots]
+        new = rec[:, REC_NEW_TOKENS]
+        width = cols.num_tokens
+        bad = ((rec[:, REC_SLOT] != slots) | (rec[:, REC_GENERATION] != cols.generations) | (new < 1)
+               | (new > width) | (rec[:, REC_CONSUMED] != step.consumed - width + new)
+               | (rec[:, REC_GENERATED] != step.generated - width + new))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise CompletionError(
+                f"SPECULATIVE completion at fence {step.fence} for slot {int(slots[i])}: record "
+                f"{tuple(int(x) for x in rec[i, :5])} (slot, generation, consumed, generated, new); expected "
+                f"generation {int(cols.generations[i])}, new tokens 1..{int(width[i])}")
+        return new
+
+    def observe(self, req: "LiveRequest", offered: int, accepted: int, emitted: int) -> None:
+        """A row's verification outcome: ``emitted`` of its new tokens were kept (fewer when the
+        request ended inside them)."""
+        c = self.counters
+        c.generation_rounds += 1
+        c.draft_positions += offered
+        if offered:
+            kept = min(accepted, emitted)
+            c.accepted_drafts += kept
+            c.draft_rounds += 1
+            self.stats(req).observe(offered, kept, censored=emitted <= accepted)
+        if self.proposer.learned:
+            c.drafter_steps += offered
+
+    def observe_decode(self, rows: int, duration_ns: int) -> None:
+        """A decode (or mixed) step's decoders: progressing rounds without drafts; their time
+        funds probes."""
+        self.counters.generation_rounds += rows
+        self.probe_credit_s = min(self.probe_credit_s + PROBE_FRACTION * duration_ns * 1e-9, 0.05)
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _rows(t, slots: np.ndarray, drafts: np.ndarray) -> RowArrays:
+    n = len(slots)
+    return RowArrays(t.rid[slots].copy(), slots.astype(np.int64), t.generation[slots].copy(), t.epoch[slots].copy(),
+                     t.planned[slots].copy(), 1 + drafts, np.ones(n, np.int64), np.full(n, -1, np.int64))
+
+
+def _decode_value(sel, slots: np.ndarray) -> float:
+    from .steps.decode import Decode
+
+    return Decode.value(sel, slots)
+
+
+__all__ = ["AcceptanceStats", "CopyProposer", "Proposer", "ReplayProposer", "Speculation", "SpeculativeRows"]
