@@ -477,23 +477,32 @@ class ModelRuntime:
                 self._finish(consumer, end.reason, end.stop)
 
     def _emit(self, consumer: _Consumer, outputs, done: ExecutionCompletion, end) -> None:
+        """Publish one step's tokens of a request (several from a speculative step). They are
+        fed to the stop strings one by one: a match ends the request at the token that completed
+        it, and the tokens after it are neither shown nor counted (as in one-token steps)."""
         params = consumer.params
         visible = []
         logprobs = [] if params.logprobs else None
         last = len(outputs) - 1
+        texts, stop = [], None
         for i, (token, slot) in enumerate(outputs):
             consumer.num_tokens += 1
-            is_stop_token = end is not None and end.stop == token and i == last
-            if not is_stop_token:
-                visible.append(token)
-            if logprobs is not None and not is_stop_token:
+            if end is not None and end.stop == token and i == last:
+                break  # the stop token itself is not shown
+            visible.append(token)
+            if logprobs is not None:
                 row = done.logprobs[slot]
                 ids = done.top_ids[slot]
                 # a constrained row's forbidden tokens have probability 0 (logprob -inf): not shown
                 top = tuple((int(ids[k]), float(row[1 + k])) for k in range(params.top_logprobs)
                             if row[1 + k] > -math.inf)
                 logprobs.append(TokenLogprob(token, float(row[0]), top))
-        text, stop = consumer.stops.feed(consumer.decoder.push(visible) if visible else "")
+            piece = consumer.decoder.push((token,))
+            text, stop = consumer.stops.feed(piece)
+            texts.append(text)
+            if stop is not None:
+                break
+        text = "".join(texts)
         if text or visible:
             consumer.sink(TokenEvent(tuple(visible), text, tuple(logprobs) if logprobs is not None else None))
         if stop is not None:
