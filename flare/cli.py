@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import MAX_ACTIVE_LIMIT
+from .config import MAX_ACTIVE_LIMIT, EngineConfig
 from .core.export import DTYPES, ExportOptions
 from .errors import Error, FrontendError
 from .fixtures import stderr_progress as _progress
@@ -153,6 +153,8 @@ def _info(args: argparse.Namespace) -> int:
     print(f"context {c.context}, max_active {c.max_active}, prefill_chunk_size {c.prefill_chunk_size}, "
           f"served names {', '.join(c.served_names) or '-'}")
     print(f"mixed prefill: {'on (decode rides inside packed prefill steps)' if c.mixed_prefill else 'off'}")
+    print(f"speculative decoding: off unless served with --speculative copy (n-gram copy proposals, "
+          f"verified {EngineConfig.speculative_depth} drafts deep; docs/speculative.md)")
     defaults = core.generation.to_json()
     print("generation defaults: " + (", ".join(f"{k} {v}" for k, v in defaults.items()) if defaults
                                      else "none (requests get OpenAI's)"))

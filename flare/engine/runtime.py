@@ -57,6 +57,7 @@ from ..request import (
 from ..scheduler.errors import CapacityError
 from ..scheduler.plan import StepResult
 from ..scheduler.scheduler import RequestScheduler
+from ..scheduler.speculation import SpeculationCounters
 from ..scheduler.steps import LAUNCH_NAMES
 from .output import StopText
 from .telemetry import PUBLISH_INTERVAL_S, EngineStats, RequestRow
@@ -229,7 +230,12 @@ class ModelRuntime:
                                 req.prompt_len, req.reused, int(table.planned[req.slot]),
                                 int(table.num_out[req.slot]))
                      for req in s.live.values() if req.slot)
+        sc = s.speculation.counters if s.speculation is not None else SpeculationCounters()
         self._stats = EngineStats(
+            speculative_verification_steps=sc.verification_steps, speculative_drafter_steps=sc.drafter_steps,
+            speculative_draft_tokens=sc.draft_positions, speculative_accepted_tokens=sc.accepted_drafts,
+            speculative_draft_rounds=sc.draft_rounds, speculative_generation_rounds=sc.generation_rounds,
+            speculative_mean_acceptance_length=sc.mean_acceptance_length, speculative_depth=sc.depth,
             requests_admitted=counters.requests_admitted, requests_completed=counters.requests_completed,
             requests_cancelled=counters.requests_cancelled, requests_failed=counters.requests_failed,
             prefix_lookups=c.lookups, prefix_hits=c.hits, prefix_misses=c.misses,

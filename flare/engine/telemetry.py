@@ -86,6 +86,20 @@ class EngineStats:
     grammar_cache_hits: int = _stat(COUNTER, "Structured-output constraints served from the compiled-grammar cache.")
     grammar_compile_seconds: float = _stat(COUNTER, "Wall time spent compiling structured-output constraints.")
     grammars_cached: int = _stat(GAUGE, "Compiled grammars held by the grammar cache.")
+    speculative_verification_steps: int = _stat(COUNTER, "Completed speculative (verification) graphs.")
+    speculative_drafter_steps: int = _stat(COUNTER, "Learned-proposal depth D summed over completed speculative "
+                                                    "programs (copy proposals contribute none).")
+    speculative_draft_tokens: int = _stat(COUNTER, "Draft positions allocated to progressing generation rounds, "
+                                                   "rejected ones included.")
+    speculative_accepted_tokens: int = _stat(COUNTER, "Drafted tokens accepted by verification (bonus tokens "
+                                                      "excluded).")
+    speculative_draft_rounds: int = _stat(COUNTER, "Request rounds that offered at least one draft.")
+    speculative_generation_rounds: int = _stat(COUNTER, "Progressing generation request rounds (decode, mixed and "
+                                                        "speculative rows).")
+    speculative_mean_acceptance_length: float = _stat(GAUGE, "Accepted drafts per request round with at least one "
+                                                             "offered draft (bonus token excluded).")
+    speculative_depth: float = _stat(GAUGE, "DEPTH: allocated draft positions per progressing generation request "
+                                            "round, zero-draft rounds included.")
     launches: Mapping[str, int] = field(default_factory=dict)  # successful graph launches by kind name
     requests: tuple[RequestRow, ...] = ()  # live requests, for dashboards
 

@@ -262,9 +262,10 @@ class GraphExecutor(FenceTimeline):
                 return ExecutionCompletion(fence, graph_index, np.zeros(0), np.zeros(0), np.zeros(0), 0, error)
             if time.monotonic() >= deadline:
                 return None
-            # The completion a held step's release waits for only yields the GIL instead of
-            # sleeping 200 us: the device runs out of work soon after it.
-            time.sleep(0 if self._held is not None else _POLL_SLEEP_S)
+            # The completion a held step's release waits for, and a lone step's (a speculative
+            # round: its drafts need its tokens), only yields the GIL instead of sleeping 200 us:
+            # the device runs out of work when it completes.
+            time.sleep(0 if self._held is not None or len(self._pending) == 1 else _POLL_SLEEP_S)
         if self._split[index]:  # device time of the two parts, not the host's mask work between
             ms = (check(cu.cuEventElapsedTime(frame.start, frame.mid), "cuEventElapsedTime")
                   + check(cu.cuEventElapsedTime(frame.resume, frame.end), "cuEventElapsedTime"))

@@ -361,19 +361,27 @@ class StepPrograms:
         slots = self._step("step.slots", b)
         d = self._step("step.num_tokens", b)
         drafts = buf["step.tokens"][:b, :w - 1]
-        tokens = torch.cat([buf["slot.token"][slots].view(b, 1), drafts], dim=1)
         pos0 = buf["slot.position"][slots]
-        positions = self._positions(pos0, w)
-        q = torch.arange(w, device=dev).view(1, w)
-        kv_lens = pos0 + d + 1
+        # Flattened into b * w decode rows, one per target position: the forward is a decode step
+        # of b * w rows (the decode attention kernel and the small-batch GEMVs), each row reading
+        # the keys up to its own position, which the rows before it write in the same layer. A
+        # row's result then depends on its position and context only, not on the drafts after it.
+        rows = slots.repeat_interleave(w)
+        q = torch.arange(w, device=dev).repeat(b)
+        limit = d.repeat_interleave(w)
+        positions = (pos0.repeat_interleave(w) + q).view(-1, 1)
+        kv_lens = pos0.repeat_interleave(w) + torch.minimum(q, limit) + 1
         batch = AttentionBatch(
             positions=positions.clamp(max=self.contract.context - 1),
-            write_index=self._write_index(slots, positions, q <= d.view(-1, 1)),
-            page_table=self._page_table(slots, kv_lens),
+            write_index=self._write_index(rows, positions, (q <= limit).view(-1, 1)),
+            page_table=self._page_table(rows, kv_lens),
             kv_lens=kv_lens,
         )
-        hidden = self.decoder.forward(tokens, batch, self.kv, q.expand(b, w))  # [b, w, hidden]
-        logits = self.decoder.logits(hidden.reshape(b * w, -1))
+        tokens = torch.cat([buf["slot.token"][slots].view(b, 1), drafts], dim=1).view(-1, 1)
+        flat = self.decoder.forward(tokens, batch, self.kv)  # [b * w, hidden]
+        logits = self.decoder.logits(flat)
+        hidden = flat.view(b, w, -1)
+        q = q[:w].view(1, w)
         # the draft each position's choice is checked against: the token fed at the next position
         following = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=dev)], dim=1)
         has_draft = q < d.view(-1, 1)

@@ -397,6 +397,9 @@ class RequestScheduler:
             # decode competing, 4,959 and 0.35 s with the decoders riding (docs/scheduler.md).
             decode = None
             speculative = []  # speculation serves decode-only phases
+        if speculative and spec.always:  # a benchmark's verification-only mode
+            widest = max(speculative, key=lambda c: c[1].tokens)
+            return spec.plan(widest, self.timing.estimate_ns(widest[1].index), probe=False)
         if speculative:
             probe = spec.probe(speculative)
             if probe >= 0:  # speculation stopped paying: a round funded by decode time tests it again

@@ -195,7 +195,7 @@ def test_sampled_outputs_keep_the_target_distribution(plain):
 
 def test_acceptance_statistics_learn_and_age():
     st = AcceptanceStats()
-    assert st.expected(2) == pytest.approx(0.5 + 0.25)
+    assert st.expected(2) == pytest.approx(1 / 3 + 1 / 9)
     for _ in range(30):
         st.observe(4, 4, censored=False)
     assert st.expected(4) > 3.0

@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Speculative decoding speed beside plain decode, in the same process and on the same graphs.
+
+CPU (default): the demo core with copy proposals, two workloads at batch 1: copy-heavy
+(asking to repeat or lightly edit a passage of the prompt) and free generation. Each
+prompt runs with speculation off, then on; greedy, so both produce the same tokens
+(checked). Reports output tok/s of each and their ratio, with the acceptance counters.
+
+CUDA (--device cuda): a random-weight Llama-3-8B core (tools/bench_gpu.py's) with the
+benchmark proposer (speculation.ReplayProposer): a first plain run records each prompt's
+greedy continuation, then the drafts replay it, each position right with probability
+--accept (default 0.8 and 0). Batch 1 and batch 32, depth 4. Reports tok/s against plain
+decode from the same run, the verification graphs' device times and the counters.
+
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PASSAGES = [
+    "The lighthouse stood at the end of the rocky point, its white tower streaked with salt. Every evening the "
+    "keeper climbed the one hundred and twelve steps, trimmed the wick, polished the great lens and watched the "
+    "beam sweep across the water until the first fishing boats came home.",
+    "To make bread, mix four cups of flour with a spoon of salt and a packet of yeast. Add two cups of warm water "
+    "and stir until the dough comes together. Knead it for ten minutes, let it rise for an hour, shape it into a "
+    "loaf and bake it at two hundred degrees for forty minutes.",
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
+    "def factorial(n):\n    result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result\n",
+    "Dear team, the quarterly review will take place on Thursday at ten in the main conference room. Please bring "
+    "your project updates, the budget figures for the last three months and any questions about the new travel "
+    "policy. Lunch will be served afterwards.",
+]
+COPY_ASKS = ["Copy the following text word for word:\n\n{p}\n\nNow write it again exactly.",
+             "Repeat this passage exactly as written:\n\n{p}",
+             "Rewrite the following text, changing only the first sentence:\n\n{p}"]
+FREE = ["Write a short story about a dragon who learns to bake.", "Explain how a rainbow forms.",
+        "List five ideas for a birthday party and describe each one.", "Describe a walk through a busy market.",
+        "What are the benefits of learning a second language?", "Write a letter to a friend about your holiday."]
+RESULTS: dict = {}
+
+
+def log(message: str) -> None:
+    print(f"[bench_speculative {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def counters(model) -> dict:
+    c = model.runtime.scheduler.speculation.counters
+    return {k: getattr(c, k) for k in c.__slots__}
+
+
+def acceptance(d: dict) -> dict:
+    """The spec's figures from a counter delta."""
+    return dict(mean_acceptance_length=round(d["accepted_drafts"] / max(1, d["draft_rounds"]), 3),
+                depth=round(d["draft_positions"] / max(1, d["generation_rounds"]), 3),
+                verification_steps=d["verification_steps"], probes=d["probes"])
+
+
+def run_batch(model, prompts, params_for) -> tuple[float, list[list[int]]]:
+    """Submit every prompt at once; -> (wall seconds to the last finish, output tokens each)."""
+    from flare.request import ErrorEvent, FinishEvent, PreparedPrompt, TokenEvent
+
+    outs: list[list[int]] = [[] for _ in prompts]
+    done = threading.Semaphore(0)
+    errors: list = []
+
+    def sink_for(i):
+        def sink(event):
+            if isinstance(event, TokenEvent):
+                outs[i].extend(event.token_ids)
+            elif isinstance(event, (FinishEvent, ErrorEvent)):
+                if isinstance(event, ErrorEvent):
+                    errors.append(event)
+                done.release()
+        return sink
+
+    t0 = time.perf_counter()
+    for i, ids in enumerate(prompts):
+        model.submit(PreparedPrompt(np.asarray(ids, np.int32)), params_for(i), sink_for(i))
+    for _ in prompts:
+        if not done.acquire(timeout=900):
+            raise RuntimeError("a request did not finish")
+    if errors:
+        raise RuntimeError(f"request failed: {errors[0]}")
+    return time.perf_counter() - t0, outs
+
+
+def with_speculation(model, on: bool, spec) -> None:
+    """Speculation on or off between rounds (the model thread is idle then)."""
+    model.runtime.scheduler.speculation = spec if on else None
+
+
+def cpu_bench(args) -> None:
+    from flare.config import EngineConfig
+    from flare.core.embedded import demo_core
+    from flare.engine.model import NativeModel
+    from flare.request import SamplingParams
+
+    model = NativeModel.load(demo_core(), EngineConfig(device="cpu", kv_memory_bytes=1 << 30, speculative="copy",
+                                                       speculative_depth=args.depth), progress=log)
+    spec = model.runtime.scheduler.speculation
+    tok = model.tokenizer
+
+    def chat(text):
+        return tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
+                          add_special_tokens=False).ids
+
+    workloads = {"copy": [chat(a.format(p=p)) for p in PASSAGES for a in COPY_ASKS][:args.prompts],
+                 "free": [chat(q) for q in FREE][:args.prompts]}
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    try:
+        with_speculation(model, False, spec)
+        run_batch(model, [workloads["free"][0]], lambda i: SamplingParams(max_tokens=8, temperature=0.0))  # warm
+        for name, prompts in workloads.items():
+            times = {"off": 0.0, "on": 0.0}
+            tokens = {"off": 0, "on": 0}
+            lossless = True
+            before = None
+            for ids in prompts:
+                # alternate off/on per prompt so drift in machine speed hits both
+                with_speculation(model, False, spec)
+                dt_off, (out_off,) = run_batch(model, [ids], lambda i: params)
+                with_speculation(model, True, spec)
+                before = before or counters(model)
+                dt_on, (out_on,) = run_batch(model, [ids], lambda i: params)
+                lossless &= out_on == out_off
+                times["off"] += dt_off
+                times["on"] += dt_on
+                tokens["off"] += len(out_off)
+                tokens["on"] += len(out_on)
+            after = counters(model)
+            delta = {k: after[k] - before[k] for k in after}
+            off, on = tokens["off"] / times["off"], tokens["on"] / times["on"]
+            RESULTS[name] = dict(plain_tok_s=round(off, 2), speculative_tok_s=round(on, 2),
+                                 ratio=round(on / off, 3), lossless=lossless, output_tokens=tokens["on"],
+                                 **acceptance(delta))
+            log(f"{name}: plain {off:.2f} tok/s, copy proposals {on:.2f} tok/s, ratio {on / off:.3f}, "
+                f"lossless {lossless}, {RESULTS[name]}")
+    finally:
+        model.close()
+
+
+def cuda_bench(args) -> None:
+    import torch
+    from bench_gpu import export, make_checkpoint
+
+    from flare.config import EngineConfig
+    from flare.contract import GraphKind
+    from flare.engine.model import NativeModel
+    from flare.request import SamplingParams
+    from flare.scheduler.speculation import ReplayProposer
+
+    ckpt = args.workdir / "llama3-8b-hf"
+    core = args.workdir / "llama3-8b-core-64-512"
+    make_checkpoint(ckpt, "llama3-8b", args.tokenizer)
+    export(ckpt, core, 4096, max_active=64, chunk=512)
+    truth: dict[bytes, np.ndarray] = {}
+    proposer = ReplayProposer(truth, 0.0, vocab_size=128256, seed=0)
+    t0 = time.perf_counter()
+    model = NativeModel.load(core, EngineConfig(device="cuda", max_active=32, speculative="copy",
+                                                speculative_depth=args.depth), progress=log, proposer=proposer)
+    RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
+    RESULTS["device"] = torch.cuda.get_device_name()
+    sched = model.runtime.scheduler
+    spec = sched.speculation
+    rng = np.random.default_rng(5)
+    try:
+        for batch in (1, 32):
+            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(batch)]
+            params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+            with_speculation(model, False, spec)
+            run_batch(model, prompts, lambda i: SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+            plain_dt, plain_out = min((run_batch(model, prompts, lambda i: params) for _ in range(2)),
+                                      key=lambda r: r[0])
+            tokens = sum(len(o) for o in plain_out)
+            row = {"plain_tok_s": round(tokens / plain_dt, 1)}
+            # The replayed continuation: the verification graph's own greedy output (drafts from
+            # the plain run, all offered). In bf16 a verification row and a plain decode row are
+            # products of different shapes, so near-ties (random weights are full of them) can
+            # round apart; a verification row's choice depends only on its context, so this
+            # continuation is what every later verification of the same width computes.
+            spec.widths = [args.depth + 1]
+            for ids, out in zip(prompts, plain_out):
+                truth[np.asarray(ids, np.int32).tobytes()] = np.asarray(out, np.int64)
+            proposer.accept = 1.0
+            with_speculation(model, True, spec)
+            spec.always = True
+            _, spec_out = run_batch(model, prompts, lambda i: params)
+            spec.always = False
+            same = [next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                    for a, b in zip(plain_out, spec_out)]
+            row["plain_vs_verified_first_difference"] = int(np.median(same))
+            for ids, out in zip(prompts, spec_out):
+                truth[np.asarray(ids, np.int32).tobytes()] = np.asarray(out, np.int64)
+            for accept in args.accept:
+                proposer.accept = accept
+                # fresh acceptance statistics per setting: new requests (a request's own history)
+                with_speculation(model, True, spec)
+                before = counters(model)
+                best = None
+                for _ in range(2):
+                    dt, outs = run_batch(model, prompts, lambda i: params)
+                    best = dt if best is None else min(best, dt)
+                    lossless = outs == spec_out
+                after = counters(model)
+                d = {k: after[k] - before[k] for k in after}
+                row[f"a{accept}"] = dict(tok_s=round(tokens / best, 1), ratio=round(plain_dt / best, 3),
+                                         lossless=lossless, **acceptance(d))
+                log(f"batch {batch}, acceptance {accept}: {row[f'a{accept}']} (plain {row['plain_tok_s']} tok/s)")
+            RESULTS[f"bs{batch}"] = row
+        ms = {}
+        for g in model.loaded.contract.graphs:
+            est = sched.timing.estimate_ns(g.index)
+            if est and g.kind in (GraphKind.SPECULATIVE, GraphKind.DECODE) and g.batch in (1, 32):
+                ms[g.label] = round(est * 1e-6, 3)
+        RESULTS["device_ms"] = ms
+    finally:
+        model.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=0, help="per request (default: CPU 96, CUDA 256)")
+    parser.add_argument("--prompts", type=int, default=6, help="CPU: prompts per workload")
+    parser.add_argument("--prompt-len", type=int, default=128, help="CUDA: random prompt tokens")
+    parser.add_argument("--accept", type=float, nargs="+", default=[0.8, 0.0], help="CUDA: replayed draft accuracy")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/flare-bench"))
+    parser.add_argument("--tokenizer", type=Path, default=Path(".carry/llama3-tokenizer.json"))
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    args = parser.parse_args()
+    args.max_tokens = args.max_tokens or (96 if args.device == "cpu" else 256)
+    RESULTS.update(device_kind=args.device, depth=args.depth, max_tokens=args.max_tokens)
+    try:
+        (cpu_bench if args.device == "cpu" else cuda_bench)(args)
+    finally:
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "bench_speculative.json").write_text(json.dumps(RESULTS, indent=2))
+    print(json.dumps(RESULTS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
