@@ -32,11 +32,14 @@ if TYPE_CHECKING:
     from .live import LiveRequest
 
 MAX_DEPTH = RECORD_TOKENS - 1
-# A Beta(1, 2) prior: an unobserved depth is accepted a third of the time (a request tries a few
-# rounds before its own history decides; on the H200 a width-5 verification of 32 requests costs
-# 1.35 decode steps, so a half-chance prior kept rejected copies going for three rounds)
-PRIOR_HITS, PRIOR_TRIALS = 1.0, 3.0
+# A request's prior for each depth is the population's rate for its proposal source (every
+# request's verifications, aged more slowly) with this weight in observations; the population
+# starts at Beta(1, 1), even odds. A fixed prior was wrong both ways: at a third it never started
+# speculating on the CPU (a width-5 verification costs 1.8 decode steps there), at a half it kept
+# 32 rejected copies going for three rounds on the H200.
+PRIOR_WEIGHT = 2.0
 AGING = 0.9  # each verification ages the request's earlier observations by this factor
+POPULATION_AGING = 0.98
 AVAILABILITY_AGING = 0.8
 PROBE_FRACTION = 0.01  # of decode time, funding speculative rounds once speculation stopped paying
 DRAIN_MARGIN = 1.05  # speculation must beat pipelined decode by this much to drain the window for it
@@ -98,15 +101,18 @@ class AcceptanceStats:
     Observations age (AGING) so a request that stops copying is noticed; the prior is added
     after aging, so an unobserved depth keeps the prior mean."""
 
-    __slots__ = ("hits", "trials", "available")
+    __slots__ = ("hits", "trials", "available", "prior", "aging")
 
-    def __init__(self):
+    def __init__(self, prior: "AcceptanceStats | None" = None, aging: float = AGING):
         self.hits = np.zeros(MAX_DEPTH)
         self.trials = np.zeros(MAX_DEPTH)
         self.available = 1.0  # aged share of rounds the proposer had a draft
+        self.prior = prior  # the population's statistics (None: even odds)
+        self.aging = aging
 
     def rates(self) -> np.ndarray:
-        return (self.hits + PRIOR_HITS) / (self.trials + PRIOR_TRIALS)
+        prior = self.prior.rates() if self.prior is not None else 0.5
+        return (self.hits + PRIOR_WEIGHT * prior) / (self.trials + PRIOR_WEIGHT)
 
     def expected(self, depth: int) -> float:
         """Expected accepted drafts of ``depth`` offered (the bonus token not counted)."""
@@ -115,8 +121,8 @@ class AcceptanceStats:
     def observe(self, offered: int, accepted: int, censored: bool) -> None:
         """A verification: ``accepted`` of ``offered`` drafts; ``censored``: the request ended
         inside the accepted prefix, so the depths after it were not tested."""
-        self.hits *= AGING
-        self.trials *= AGING
+        self.hits *= self.aging
+        self.trials *= self.aging
         self.hits[:accepted] += 1
         self.trials[:accepted] += 1
         if accepted < offered and not censored:
@@ -168,6 +174,7 @@ class Speculation:
         self.batches = sorted({g.batch for g in graphs})
         self.graphs: dict[tuple[int, int, bool], GraphSpec] = {(g.batch, g.tokens, g.greedy): g for g in graphs}
         self.counters = SpeculationCounters()
+        self.population: dict[str, AcceptanceStats] = {}  # per source: every request's verifications
         self.probe_credit_s = 0.0
         # Benchmarks only: every decode round is a verification of the widest width, drafts or
         # not (no back-off), so a continuation comes from verification rows alone.
@@ -184,9 +191,13 @@ class Speculation:
         by_source = req.speculation
         if by_source is None:
             by_source = req.speculation = {}
-        st = by_source.get(self.proposer.source)
+        source = self.proposer.source
+        st = by_source.get(source)
         if st is None:
-            st = by_source[self.proposer.source] = AcceptanceStats()
+            population = self.population.get(source)
+            if population is None:
+                population = self.population[source] = AcceptanceStats(aging=POPULATION_AGING)
+            st = by_source[source] = AcceptanceStats(population)
         return st
 
     # -- planning --------------------------------------------------------------
@@ -344,7 +355,9 @@ class Speculation:
             kept = min(accepted, emitted)
             c.accepted_drafts += kept
             c.draft_rounds += 1
-            self.stats(req).observe(offered, kept, censored=emitted <= accepted)
+            st = self.stats(req)
+            st.observe(offered, kept, censored=emitted <= accepted)
+            st.prior.observe(offered, kept, censored=emitted <= accepted)
         if self.proposer.learned:
             c.drafter_steps += offered
 

@@ -194,8 +194,9 @@ def test_sampled_outputs_keep_the_target_distribution(plain):
 
 
 def test_acceptance_statistics_learn_and_age():
-    st = AcceptanceStats()
-    assert st.expected(2) == pytest.approx(1 / 3 + 1 / 9)
+    population = AcceptanceStats(aging=0.98)
+    st = AcceptanceStats(population)
+    assert st.expected(2) == pytest.approx(0.5 + 0.25)
     for _ in range(30):
         st.observe(4, 4, censored=False)
     assert st.expected(4) > 3.0
@@ -206,6 +207,10 @@ def test_acceptance_statistics_learn_and_age():
     before = st.trials.copy()
     st.observe(4, 1, censored=True)
     assert st.trials[1] == pytest.approx(before[1] * 0.9)
+    # a new request starts from what the population has seen
+    for _ in range(40):
+        population.observe(4, 0, censored=False)
+    assert AcceptanceStats(population).expected(4) < 0.2
 
 
 def test_free_generation_backs_off(copying):
@@ -218,3 +223,17 @@ def test_free_generation_backs_off(copying):
     steps = after["verification_steps"] - before["verification_steps"]
     rounds = after["generation_rounds"] - before["generation_rounds"]
     assert rounds >= 40 and steps <= rounds // 4, (steps, rounds)
+
+
+def test_flattened_verification_is_lossless_too(plain):
+    """The form captured CUDA graphs run (b * w decode rows), exercised on the CPU."""
+    m = NativeModel.load(demo_core(), EngineConfig(device="cpu", kv_memory_bytes=MEMORY, speculative="copy",
+                                                   max_active=4))
+    m.loaded.programs.flat_verification = True
+    try:
+        ids = copy_prompt(plain.tokenizer)
+        for params in (dict(max_tokens=48), dict(max_tokens=48, stop=("lazy",))):
+            assert run(m, ids, temperature=0.0, **params)[0] == run(plain, ids, temperature=0.0, **params)[0]
+        assert counters(m)["accepted_drafts"] > 0
+    finally:
+        m.close()
