@@ -206,7 +206,9 @@ def cuda_bench(args) -> None:
                 truth[np.asarray(ids, np.int32).tobytes()] = np.asarray(out, np.int64)
             for accept in args.accept:
                 proposer.accept = accept
-                # fresh acceptance statistics per setting: new requests (a request's own history)
+                # fresh acceptance statistics per setting: new requests, and a population that has
+                # seen none of the earlier settings (its prior would carry them over)
+                spec.population.clear()
                 with_speculation(model, True, spec)
                 before = counters(model)
                 best = None
