@@ -214,7 +214,8 @@ class Speculation:
         slots = slots[t.inflight[slots] == 0]
         if not len(slots):
             return []
-        free = s.num_free_pages
+        # pages past a request's reservation come from unreserved pages (as decode's do)
+        free, unreserved = s.num_free_pages, s.unreserved_pages
         rows, drafts = [], []
         top = self.widths[-1] - 1
         for slot in slots.tolist():
@@ -223,13 +224,18 @@ class Speculation:
             depth = min(top, int(t.limit[slot] - t.planned_gen[slot]) - 1,
                         s.contract.context - int(t.planned[slot]) - 1)
             draft = self.proposer.propose(req, t.out[slot], int(t.num_out[slot]), depth) if depth > 0 else _NONE
-            need = s.new_pages_needed(req, int(t.planned[slot]) + len(draft) + 1)
-            while len(draft) and need > free:  # fewer drafts when their pages are not free
+            def shortfall(n: int) -> tuple[int, int]:
+                need = s.new_pages_needed(req, int(t.planned[slot]) + n + 1)
+                return need, max(0, need - req.page_budget)
+
+            need, over = shortfall(len(draft))
+            while len(draft) and (need > free or over > unreserved):  # fewer drafts when pages are short
                 draft = draft[:-1]
-                need = s.new_pages_needed(req, int(t.planned[slot]) + len(draft) + 1)
-            if need > free:
+                need, over = shortfall(len(draft))
+            if need > free or over > unreserved:
                 continue
             free -= need
+            unreserved -= over
             self.stats(req).saw_draft(len(draft) > 0)
             rows.append(slot)
             drafts.append(draft)
