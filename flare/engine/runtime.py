@@ -64,6 +64,7 @@ from .telemetry import PUBLISH_INTERVAL_S, EngineStats, RequestRow
 
 log = logging.getLogger("flare.runtime")
 
+_NO_SPECULATION = SpeculationCounters()  # the counters of a scheduler without speculation: all zero
 IDLE_WAIT_S = 0.05
 BUSY_POLL_S = 0.002
 
@@ -230,7 +231,7 @@ class ModelRuntime:
                                 req.prompt_len, req.reused, int(table.planned[req.slot]),
                                 int(table.num_out[req.slot]))
                      for req in s.live.values() if req.slot)
-        sc = s.speculation.counters if s.speculation is not None else SpeculationCounters()
+        sc = s.speculation.counters if s.speculation is not None else _NO_SPECULATION
         self._stats = EngineStats(
             speculative_verification_steps=sc.verification_steps, speculative_drafter_steps=sc.drafter_steps,
             speculative_draft_tokens=sc.draft_positions, speculative_accepted_tokens=sc.accepted_drafts,

@@ -144,7 +144,10 @@ class StepPrograms:
         current.index_copy_(0, slots, rows)
         out.index_copy_(0, frame, current.unsqueeze(0))
 
-    def _record(self, slots: torch.Tensor, kind: GraphKind, sampled: torch.Tensor | None) -> None:
+    def _record(self, slots: torch.Tensor, kind: GraphKind, sampled: torch.Tensor | None,
+                emitted: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """The rows' completion records; ``emitted``: (count [b], tokens [b, w]) of a step that
+        emits several tokens per row (SPECULATIVE), in place of the slot's one sampled token."""
         buf = self.buffers
         b = slots.shape[0]
         rec = torch.zeros(b, RECORD_FIELDS, dtype=torch.int64, device=self.device)
@@ -159,6 +162,10 @@ class StepPrograms:
             rec[:, REC_NEW_TOKENS] = sampled.to(torch.int64)
             rec[:, REC_FLAGS] = REC_FLAG_PARTICIPATED + REC_FLAG_SAMPLED * sampled.to(torch.int64)
             rec[:, REC_TOKEN0] = buf["slot.token"][slots]
+        if emitted is not None:
+            count, tokens = emitted
+            rec[:, REC_NEW_TOKENS] = count
+            rec[:, REC_TOKEN0:REC_TOKEN0 + tokens.shape[1]] = tokens
         self._write_frame("out.records", slots, rec)
 
     def _sample_rows(self, slots: torch.Tensor, hidden: torch.Tensor, do_sample: torch.Tensor,
@@ -254,6 +261,18 @@ class StepPrograms:
         self.output_counts.index_put_((row, prompt), outputs.to(torch.int32), accumulate=True)
         self._record(slots, GraphKind.INITIALIZE, None)
 
+    def _chunk_batch(self, slots: torch.Tensor, pos0: torch.Tensor, n: torch.Tensor, t: int) -> AttentionBatch:
+        """Attention metadata of rows of t query positions from pos0, the first n of each valid."""
+        positions = self._positions(pos0, t)
+        valid = torch.arange(t, device=self.device).view(1, -1) < n.view(-1, 1)
+        kv_lens = pos0 + n
+        return AttentionBatch(
+            positions=positions.clamp(max=self.contract.context - 1),
+            write_index=self._write_index(slots, positions, valid),
+            page_table=self._page_table(slots, kv_lens),
+            kv_lens=kv_lens,
+        )
+
     def _prefill(self, graph: GraphSpec) -> None:
         buf = self.buffers
         b, t = graph.batch, graph.tokens
@@ -261,17 +280,9 @@ class StepPrograms:
         tokens = buf["step.tokens"][:b, :t]
         n = self._step("step.num_tokens", b)
         pos0 = buf["slot.position"][slots]
-        positions = self._positions(pos0, t)
-        valid = torch.arange(t, device=self.device).view(1, -1) < n.view(-1, 1)
-        kv_lens = pos0 + n
-        batch = AttentionBatch(
-            positions=positions.clamp(max=self.contract.context - 1),
-            write_index=self._write_index(slots, positions, valid),
-            page_table=self._page_table(slots, kv_lens),
-            kv_lens=kv_lens,
-        )
+        batch = self._chunk_batch(slots, pos0, n, t)
         hidden = self.decoder.forward(tokens, batch, self.kv, (n - 1).clamp(min=0))
-        self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL, positions=kv_lens,
+        self._sample_rows(slots, hidden, self._step("step.sample", b) != 0, GraphKind.PREFILL, positions=batch.kv_lens,
                           keep_hidden=True)
 
     def _decode_inputs(self, slots: torch.Tensor) -> tuple[torch.Tensor, AttentionBatch]:
@@ -374,15 +385,8 @@ class StepPrograms:
         per row instead of w decode rows, 130 ms against 189 ms for the demo core's width 5).
         -> (hidden [b, w, H], logits [b * w, V])."""
         b, w = tokens.shape
-        positions = self._positions(pos0, w)
+        batch = self._chunk_batch(slots, pos0, d + 1, w)
         q = torch.arange(w, device=self.device).view(1, w)
-        kv_lens = pos0 + d + 1
-        batch = AttentionBatch(
-            positions=positions.clamp(max=self.contract.context - 1),
-            write_index=self._write_index(slots, positions, q <= d.view(-1, 1)),
-            page_table=self._page_table(slots, kv_lens),
-            kv_lens=kv_lens,
-        )
         hidden = self.decoder.forward(tokens, batch, self.kv, q.expand(b, w))
         return hidden, self.decoder.logits(hidden.reshape(b * w, -1))
 
@@ -433,16 +437,7 @@ class StepPrograms:
         buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + new)
         self.output_counts.view(-1).scatter_add_(
             0, (slots.view(b, 1) * self.output_counts.shape[1] + token).view(-1), emitted.to(torch.int32).view(-1))
-        rec = torch.zeros(b, RECORD_FIELDS, dtype=torch.int64, device=dev)
-        rec[:, REC_SLOT] = slots
-        rec[:, REC_GENERATION] = buf["slot.generation"][slots]
-        rec[:, REC_CONSUMED] = buf["slot.position"][slots]
-        rec[:, REC_GENERATED] = buf["slot.generated"][slots]
-        rec[:, REC_NEW_TOKENS] = new
-        rec[:, REC_KIND] = int(GraphKind.SPECULATIVE)
-        rec[:, REC_FLAGS] = REC_FLAG_PARTICIPATED + REC_FLAG_SAMPLED
-        rec[:, REC_TOKEN0:REC_TOKEN0 + w] = torch.where(emitted, token, 0)
-        self._write_frame("out.records", slots, rec)
+        self._record(slots, GraphKind.SPECULATIVE, self._ones[:b], (new, torch.where(emitted, token, 0)))
 
     def _tail_pages(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         table = self.buffers["slot.page_table"][slots]

@@ -24,9 +24,19 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple
 import numpy as np
 
 from .._fast.ngram import propose_copy
-from ..contract import RECORD_TOKENS, GraphKind, GraphSpec
+from ..contract import (
+    REC_CONSUMED,
+    REC_GENERATED,
+    REC_GENERATION,
+    REC_NEW_TOKENS,
+    REC_SLOT,
+    RECORD_TOKENS,
+    GraphKind,
+    GraphSpec,
+)
 from .errors import CompletionError, StalePlanError
 from .plan import CommittedStep, RowArrays, ScheduledPlan
+from .steps.decode import Decode
 
 if TYPE_CHECKING:
     from .live import LiveRequest
@@ -247,12 +257,12 @@ class Speculation:
         b = self._batch_for(len(rows))
         greedy = bool(t.plain[rows].all())
         unit = sel.pol.output_token_value
-        base = _decode_value(sel, rows)
+        base = Decode.value(sel, rows)
         out = []
         for w in self.widths:
             cut = tuple(d[:w - 1] for d in drafts)
             expected = sum(self.stats(s.by_slot[int(r)]).expected(len(d)) for r, d in zip(rows.tolist(), cut))
-            cols = _rows(t, rows, np.fromiter((len(d) for d in cut), np.int64, len(cut)))
+            cols = Decode.plan_rows(s, rows, 1 + np.fromiter((len(d) for d in cut), np.int64, len(cut)))
             g = self.graphs[(b, w, greedy)]
             out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(cols, cut), base + unit * expected))
         return out
@@ -333,8 +343,6 @@ class Speculation:
     def validate(self, step: CommittedStep, records: np.ndarray) -> np.ndarray:
         """Each row's new tokens (1 + accepted drafts) after checking its record against the
         commit: slot, generation, 1 <= new <= 1 + drafts, counters advanced by exactly new."""
-        from ..contract import REC_CONSUMED, REC_GENERATED, REC_GENERATION, REC_NEW_TOKENS, REC_SLOT
-
         cols = step.cols
         slots = cols.slots
         rec = records[slots]
@@ -375,18 +383,6 @@ class Speculation:
 
 
 _NONE = np.zeros(0, np.int64)
-
-
-def _rows(t, slots: np.ndarray, drafts: np.ndarray) -> RowArrays:
-    n = len(slots)
-    return RowArrays(t.rid[slots].copy(), slots.astype(np.int64), t.generation[slots].copy(), t.epoch[slots].copy(),
-                     t.planned[slots].copy(), 1 + drafts, np.ones(n, np.int64), np.full(n, -1, np.int64))
-
-
-def _decode_value(sel, slots: np.ndarray) -> float:
-    from .steps.decode import Decode
-
-    return Decode.value(sel, slots)
 
 
 __all__ = ["AcceptanceStats", "CopyProposer", "Proposer", "ReplayProposer", "Speculation", "SpeculativeRows"]
