@@ -153,8 +153,9 @@ def _info(args: argparse.Namespace) -> int:
     print(f"context {c.context}, max_active {c.max_active}, prefill_chunk_size {c.prefill_chunk_size}, "
           f"served names {', '.join(c.served_names) or '-'}")
     print(f"mixed prefill: {'on (decode rides inside packed prefill steps)' if c.mixed_prefill else 'off'}")
-    print(f"speculative decoding: off unless served with --speculative copy (n-gram copy proposals, "
-          f"verified {EngineConfig.speculative_depth} drafts deep; docs/speculative.md)")
+    print(f"speculative decoding: off unless served with --speculative copy (n-gram copy proposals) or "
+          f"--speculative draft --draft-core DIR (a draft core with this tokenizer), verified "
+          f"{EngineConfig.speculative_depth} drafts deep; docs/speculative.md")
     defaults = core.generation.to_json()
     print("generation defaults: " + (", ".join(f"{k} {v}" for k, v in defaults.items()) if defaults
                                      else "none (requests get OpenAI's)"))

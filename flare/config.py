@@ -15,8 +15,9 @@ MAX_ACTIVE_LIMIT = 256
 # generation_config.json) to requests, "none" OpenAI's built-in ones (vLLM's auto / vllm).
 GENERATION_CONFIGS = ("model", "none")
 # EngineConfig.speculative: "copy" drafts by n-gram lookup over the prompt and output
-# (prompt-lookup decoding), "none" decodes one token per step (docs/speculative.md).
-SPECULATIVE_MODES = ("copy", "none")
+# (prompt-lookup decoding), "draft" by a draft core loaded beside the target (draft_core),
+# "none" decodes one token per step (docs/speculative.md).
+SPECULATIVE_MODES = ("copy", "draft", "none")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class EngineConfig:
     mixed_prefill: bool | None = None  # MIXED graphs; None = the core's contract (flare export --mixed-prefill)
     speculative: str = "none"  # one of SPECULATIVE_MODES
     speculative_depth: int = 4  # most drafts verified per request and step (1..7)
+    draft_core: str = ""  # speculative "draft": the draft core's directory (same tokenizer as the target)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 

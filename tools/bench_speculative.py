@@ -12,6 +12,12 @@ greedy continuation, then the drafts replay it, each position right with probabi
 --accept (default 0.8 and 0). Batch 1 and batch 32, depth 4. Reports tok/s against plain
 decode from the same run, the verification graphs' device times and the counters.
 
+CUDA with --drafter: the same 8B target with a random Llama-3.2-1B-shaped draft core
+(--speculative draft), at batch 1 and 32: plain decode, every round drafted and verified
+(random drafts are all rejected, so this is the drafter's whole overhead), and the scheduler's
+own choice (it backs off). Reports the drafter's round time per depth beside the verification
+and decode step times, and what they project at acceptance 0.8.
+
 Prints a table and one JSON line.
 """
 
@@ -232,6 +238,71 @@ def cuda_bench(args) -> None:
         model.close()
 
 
+def drafter_bench(args) -> None:
+    import torch
+    from bench_gpu import export, make_checkpoint
+
+    from flare.config import EngineConfig
+    from flare.contract import GraphKind
+    from flare.engine.model import NativeModel
+    from flare.request import SamplingParams
+
+    cores = {}
+    for shape in ("llama3-8b", "llama3.2-1b"):
+        ckpt = args.workdir / f"{shape}-hf"
+        cores[shape] = args.workdir / f"{shape}-core-64-512"
+        make_checkpoint(ckpt, shape, args.tokenizer)
+        export(ckpt, cores[shape], 4096, max_active=64, chunk=512)
+    t0 = time.perf_counter()
+    model = NativeModel.load(cores["llama3-8b"], EngineConfig(
+        device="cuda", max_active=32, speculative="draft", draft_core=str(cores["llama3.2-1b"]),
+        speculative_depth=args.depth), progress=log)
+    RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
+    RESULTS["device"] = torch.cuda.get_device_name()
+    sched, drafter = model.runtime.scheduler, model.drafter
+    spec = sched.speculation
+    rng = np.random.default_rng(5)
+    try:
+        for batch in (1, 32):
+            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(batch)]
+            params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+            with_speculation(model, False, spec)
+            run_batch(model, prompts, lambda i: SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+            plain_dt, plain_out = min((run_batch(model, prompts, lambda i: params) for _ in range(2)),
+                                      key=lambda r: r[0])
+            tokens = sum(len(o) for o in plain_out)
+            row = {"plain_tok_s": round(tokens / plain_dt, 1)}
+            for mode in ("every_round_drafted", "scheduler_choice"):
+                spec.population.clear()
+                with_speculation(model, True, spec)
+                spec.always = mode == "every_round_drafted"
+                before = counters(model)
+                best = None
+                for _ in range(2):
+                    dt, outs = run_batch(model, prompts, lambda i: params)
+                    best = dt if best is None else min(best, dt)
+                spec.always = False
+                after = counters(model)
+                d = {k: after[k] - before[k] for k in after}
+                row[mode] = dict(tok_s=round(tokens / best, 1), ratio=round(plain_dt / best, 3),
+                                 same_tokens=outs == plain_out, **acceptance(d))
+                log(f"batch {batch}, {mode}: {row[mode]} (plain {row['plain_tok_s']} tok/s)")
+            graphs = {(g.kind, g.batch, g.tokens, g.greedy): g for g in model.loaded.contract.graphs}
+            b = 1 if batch == 1 else 32
+            decode_ms = sched.timing.estimate_ns(graphs[(GraphKind.DECODE, b, 1, True)].index) * 1e-6
+            verify = graphs[(GraphKind.SPECULATIVE, b, args.depth + 1, True)]
+            verify_ms = sched.timing.estimate_ns(verify.index) * 1e-6
+            draft_ms = {f"depth{k[1]}": round(v * 1e3, 3) for k, v in sorted(drafter.cost_s.items()) if k[0] == b}
+            row.update(decode_ms=round(decode_ms, 3), verify_ms=round(verify_ms, 3), drafter_round_ms=draft_ms)
+            full = drafter.cost_s.get((b, args.depth))
+            if full and verify_ms and decode_ms:
+                kept = 1 + sum(0.8 ** i for i in range(1, args.depth + 1))
+                row["projected_ratio_at_a0.8"] = round(kept * decode_ms / (verify_ms + full * 1e3), 3)
+            RESULTS[f"bs{batch}"] = row
+    finally:
+        model.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -240,6 +311,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=6, help="CPU: prompts per workload")
     parser.add_argument("--prompt-len", type=int, default=128, help="CUDA: random prompt tokens")
     parser.add_argument("--accept", type=float, nargs="+", default=[0.8, 0.0], help="CUDA: replayed draft accuracy")
+    parser.add_argument("--drafter", action="store_true", help="CUDA: a random 1B draft core's overhead instead")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/flare-bench"))
     parser.add_argument("--tokenizer", type=Path, default=Path(".carry/llama3-tokenizer.json"))
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -247,11 +319,12 @@ def main() -> int:
     args.max_tokens = args.max_tokens or (96 if args.device == "cpu" else 256)
     RESULTS.update(device_kind=args.device, depth=args.depth, max_tokens=args.max_tokens)
     try:
-        (cpu_bench if args.device == "cpu" else cuda_bench)(args)
+        (cpu_bench if args.device == "cpu" else drafter_bench if args.drafter else cuda_bench)(args)
     finally:
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_speculative.json").write_text(json.dumps(RESULTS, indent=2))
+            name = "bench_drafter.json" if args.drafter else "bench_speculative.json"
+            (args.out / name).write_text(json.dumps(RESULTS, indent=2))
     print(json.dumps(RESULTS))
     return 0
 

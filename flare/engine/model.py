@@ -38,8 +38,9 @@ def core_identity(core: Core) -> bytes:
 
 
 class NativeModel:
-    def __init__(self, core: Core, loaded, executor, runtime, tokenizer):
+    def __init__(self, core: Core, loaded, executor, runtime, tokenizer, drafter=None):
         self.core = core
+        self.drafter = drafter  # speculative "draft": the DraftProposer driving the draft core
         self.loaded = loaded
         self.executor = executor
         self.runtime = runtime
@@ -53,7 +54,9 @@ class NativeModel:
              progress: Progress | None = None, decoder_factory=None, capacity: int | None = None,
              capacity_hint: str = "", proposer=None) -> "NativeModel":
         """``proposer``: a speculative proposer other than ``config.speculative``'s (the
-        benchmark's ReplayProposer); the contract's SPECULATIVE graphs still come from the config."""
+        benchmark's ReplayProposer); the contract's SPECULATIVE graphs still come from the config.
+        With ``config.speculative == "draft"`` the draft core loads first, so that on a GPU its
+        KV takes its share of the free memory before the target sizes its own."""
         from tokenizers import Tokenizer
 
         from ..model.loader import load_model
@@ -63,13 +66,23 @@ class NativeModel:
             if progress:
                 progress(f"verifying core {core}")
             core = load_core(Path(core), progress=progress)
-        loaded = load_model(core, config, progress)
-        if loaded.device.type == "cuda":
-            from ..execution.cuda import make_cuda_executor
-            executor = make_cuda_executor(loaded, progress)
-        else:
-            from ..execution.cpu import CpuExecutor
-            executor = CpuExecutor(loaded.programs)
+        drafter = None
+        if proposer is None and config.speculative == "draft":
+            from .drafter import load_drafter
+            drafter = proposer = load_drafter(config.draft_core, core, config,
+                                              config.max_active or core.contract.max_active, progress)
+        try:
+            loaded = load_model(core, config, progress)
+            if loaded.device.type == "cuda":
+                from ..execution.cuda import make_cuda_executor
+                executor = make_cuda_executor(loaded, progress)
+            else:
+                from ..execution.cpu import CpuExecutor
+                executor = CpuExecutor(loaded.programs)
+        except BaseException:
+            if drafter is not None:
+                drafter.close()
+            raise
         tokenizer = Tokenizer.from_file(str(core.asset("tokenizer.json")))
         if decoder_factory is None:
             def decoder_factory():
@@ -82,7 +95,7 @@ class NativeModel:
         max_active = loaded.contract.max_active
         runtime = ModelRuntime(scheduler, executor, decoder_factory=decoder_factory,
                                capacity=capacity or 5 * max_active, capacity_hint=capacity_hint)
-        return cls(core, loaded, executor, runtime, tokenizer)
+        return cls(core, loaded, executor, runtime, tokenizer, drafter)
 
     @property
     def context_len(self) -> int:
@@ -118,6 +131,8 @@ class NativeModel:
 
     def close(self, timeout: float | None = None) -> None:
         self.runtime.close(timeout)
+        if self.drafter is not None:
+            self.drafter.close()
 
 
 class StreamDecoder:

@@ -372,7 +372,7 @@ class RequestScheduler:
         sel = self.selection
         decode = DECODE.cohort(self)
         spec = self.speculation
-        speculative = spec.candidates(sel, decode[1]) if spec is not None and decode is not None else []
+        speculative = spec.candidates(sel, decode[1], decode[0]) if spec is not None and decode is not None else []
         if not sel.has_other_work() and not speculative:
             if decode is None:
                 if not window:

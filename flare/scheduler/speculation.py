@@ -19,6 +19,7 @@ penalty. Others decode as before (docs/speculative.md).
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 import numpy as np
@@ -64,6 +65,15 @@ class Proposer:
     def propose(self, req: "LiveRequest", out: np.ndarray, num_out: int, depth: int) -> np.ndarray:
         """Up to ``depth`` tokens (int64) to follow ``req.prompt`` + ``out[:num_out]``."""
         raise NotImplementedError
+
+    def propose_batch(self, reqs: list, outs: list, num_outs: list, depths: list) -> list[np.ndarray]:
+        """:meth:`propose` for several requests (a learned drafter runs them as one batch)."""
+        return [self.propose(r, o, n, d) if d > 0 else _NONE for r, o, n, d in zip(reqs, outs, num_outs, depths)]
+
+    def cost_s_for(self, rows: int, depth: int) -> float | None:
+        """Seconds one round of ``rows`` requests at ``depth`` drafts costs (None: unmeasured);
+        host lookups cost nothing next to a step."""
+        return 0.0
 
 
 class CopyProposer(Proposer):
@@ -216,24 +226,38 @@ class Speculation:
         t = self.s.table
         return slots[t.speculable[slots] & ~t.spec_inflight[slots]]
 
-    def candidates(self, sel, decoding: np.ndarray) -> list:
+    def candidates(self, sel, decoding: np.ndarray, decode_graph: GraphSpec | None = None) -> list:
         """One SPECULATIVE candidate per captured width over the decoders with nothing in flight
-        that may speculate; none when no row has a draft."""
+        that may speculate; none when no row has a draft. A learned drafter runs only when its
+        round is expected to pay (or must be measured, or a probe is funded), at the depth of
+        the width expected to do best."""
         s, t = self.s, self.s.table
         slots = self.eligible(decoding)
         slots = slots[t.inflight[slots] == 0]
         if not len(slots):
             return []
+        top = self.widths[-1] - 1
+        verdict = None
+        if self.proposer.learned and not self.always:
+            verdict, width = self._outlook(slots, decode_graph)
+            if verdict is None:
+                return []
+            top = width - 1
+        if self.proposer.learned:  # a drafter's round costs per row: only the rows a step can take
+            slots = slots[:self.max_batch]
+        reqs = [s.by_slot[slot] for slot in slots.tolist()]
+        # a round may emit 1 + depth tokens: within the output limit and the context
+        depths = np.minimum(np.minimum(top, t.limit[slots] - t.planned_gen[slots] - 1),
+                            s.contract.context - t.planned[slots] - 1).tolist()
+        started = time.perf_counter()
+        proposed = self.proposer.propose_batch(reqs, [t.out[slot] for slot in slots.tolist()],
+                                               t.num_out[slots].tolist(), depths)
+        if verdict == "probe":
+            self.probe_credit_s -= time.perf_counter() - started
         # pages past a request's reservation come from unreserved pages (as decode's do)
         free, unreserved = s.num_free_pages, s.unreserved_pages
         rows, drafts = [], []
-        top = self.widths[-1] - 1
-        for slot in slots.tolist():
-            req = s.by_slot[slot]
-            # a round may emit 1 + depth tokens: within the output limit and the context
-            depth = min(top, int(t.limit[slot] - t.planned_gen[slot]) - 1,
-                        s.contract.context - int(t.planned[slot]) - 1)
-            draft = self.proposer.propose(req, t.out[slot], int(t.num_out[slot]), depth) if depth > 0 else _NONE
+        for slot, req, draft in zip(slots.tolist(), reqs, proposed):
             def shortfall(n: int) -> tuple[int, int]:
                 need = s.new_pages_needed(req, int(t.planned[slot]) + n + 1)
                 return need, max(0, need - req.page_budget)
@@ -249,7 +273,7 @@ class Speculation:
             self.stats(req).saw_draft(len(draft) > 0)
             rows.append(slot)
             drafts.append(draft)
-        if not self.always and not any(len(d) for d in drafts):
+        if not rows or (not self.always and not any(len(d) for d in drafts)):
             return []
         order = sorted(range(len(rows)), key=lambda i: -len(drafts[i]))[:self.max_batch]
         rows = np.asarray([rows[i] for i in order], np.int64)
@@ -269,33 +293,39 @@ class Speculation:
 
     def prefers(self, cohort: np.ndarray, decode_graph: GraphSpec) -> bool:
         """Whether the window of pipelined decode steps should drain so that the cohort's
-        eligible decoders can speculate: their expected tokens per millisecond in the best
-        width beat the decode step's (by DRAIN_MARGIN), an eligible width is unmeasured, or a
-        probe is funded."""
-        s = self.s
+        eligible decoders can speculate (see :meth:`_outlook`)."""
         slots = self.eligible(cohort)
         if not len(slots):
             return False
-        if self.always:
-            return True
+        return self.always or self._outlook(slots, decode_graph)[0] is not None
+
+    def _outlook(self, slots: np.ndarray, decode_graph: GraphSpec | None) -> tuple[str | None, int]:
+        """(verdict, width) for speculating over ``slots`` now. The verdict is "pays" when the
+        best width's expected tokens per millisecond, its drafting included, beat the decode
+        step's by DRAIN_MARGIN; "explore" when a width or its drafting is unmeasured; "probe"
+        when the probe credit covers a width; None otherwise. ``width``: the best one."""
+        s = self.s
+        decode_ms = s.timing.estimate_ns(decode_graph.index) * 1e-6 if decode_graph is not None else 0.0
+        if not decode_ms:
+            return None, 0
         slots = slots[:self.max_batch]
         b = self._batch_for(len(slots))
-        decode_ms = s.timing.estimate_ns(decode_graph.index) * 1e-6
-        if not decode_ms:
-            return False
         greedy = bool(s.table.plain[slots].all())
         stats = [self.stats(s.by_slot[int(r)]) for r in slots.tolist()]
-        best = 0.0
+        best, best_w = 0.0, self.widths[-1]
         for w in self.widths:
             g = self.graphs[(b, w, greedy)]
             est = s.timing.estimate_ns(g.index) * 1e-6
-            if not est:
-                return True  # unmeasured: explore
-            if est <= self.probe_credit_s * 1e3:
-                return True
+            drafting = self.proposer.cost_s_for(len(slots), w - 1)
+            if not est or drafting is None:
+                return "explore", w
+            total = est + drafting * 1e3
+            if total <= self.probe_credit_s * 1e3:
+                return "probe", w
             tokens = sum(1.0 + st.available * st.expected(w - 1) for st in stats)
-            best = max(best, tokens / est)
-        return best > DRAIN_MARGIN * len(slots) / decode_ms
+            if tokens / total > best:
+                best, best_w = tokens / total, w
+        return ("pays" if best > DRAIN_MARGIN * len(slots) / decode_ms else None), best_w
 
     def probe(self, candidates: list) -> int:
         """Index of a funded probe among the SPECULATIVE candidates (the widest one whose

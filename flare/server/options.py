@@ -55,8 +55,10 @@ _FLAGS = (
                                      "'none', or a parser name (docs/api.md, Tool calls)"),
     ("--reasoning-parser", "reasoning_parser", "reasoning parser: 'auto', 'none', or a parser name"),
     ("--speculative", "speculative", "speculative decoding: 'copy' (drafts by n-gram lookup over the prompt and "
-                                     "output) or 'none'"),
+                                     "output), 'draft' (drafts by --draft-core) or 'none'"),
     ("--speculative-depth", "speculative_depth", "most drafted tokens verified per request and step, 1..7"),
+    ("--draft-core", "draft_core", "with --speculative draft: a core DIR with the target's tokenizer (usually a "
+                                   "smaller model of its family) that drafts for it"),
 )
 # Switches: present means true.
 _SWITCHES = (
@@ -209,6 +211,11 @@ def _validate(config: ServerConfig) -> None:
          f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {config.engine.speculative!r}"),
         (1 <= config.engine.speculative_depth <= 7,
          f"speculative_depth must be 1..7, got {config.engine.speculative_depth}"),
+        (config.engine.speculative != "draft" or bool(config.engine.draft_core),
+         "speculative 'draft' needs a draft core (--draft-core DIR)"),
+        (not config.engine.draft_core or config.engine.speculative == "draft",
+         f"draft_core {config.engine.draft_core!r} is used only with speculative 'draft', got "
+         f"{config.engine.speculative!r}"),
         (config.max_body_bytes >= 0, "max_body_bytes must be non-negative"),
         (config.max_header_bytes >= 1024, "max_header_bytes must be at least 1024"),
         (config.max_url_bytes >= 256, "max_url_bytes must be at least 256"),
