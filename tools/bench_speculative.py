@@ -103,6 +103,18 @@ def run_batch(model, prompts, params_for) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - t0, outs
 
 
+def run_rounds(model, prompts, params, alone: bool) -> tuple[float, list[list[int]]]:
+    """All prompts at once, or (``alone``) one after another, each a batch of one."""
+    if not alone:
+        return run_batch(model, prompts, lambda i: params)
+    total, outs = 0.0, []
+    for p in prompts:
+        dt, (out,) = run_batch(model, [p], lambda i: params)
+        total += dt
+        outs.append(out)
+    return total, outs
+
+
 def with_speculation(model, on: bool, spec) -> None:
     """Speculation on or off between rounds (the model thread is idle then)."""
     model.runtime.scheduler.speculation = spec if on else None
@@ -184,11 +196,14 @@ def cuda_bench(args) -> None:
     rng = np.random.default_rng(5)
     try:
         for batch in (1, 32):
-            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(batch)]
+            alone = batch == 1  # batch 1: several prompts one after another (more rounds, less noise)
+            count = args.bs1_prompts if alone else batch
+            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(count)]
             params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
             with_speculation(model, False, spec)
-            run_batch(model, prompts, lambda i: SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
-            plain_dt, plain_out = min((run_batch(model, prompts, lambda i: params) for _ in range(2)),
+            run_batch(model, prompts[:batch], lambda i: SamplingParams(max_tokens=16, temperature=0.0,
+                                                                         ignore_eos=True))
+            plain_dt, plain_out = min((run_rounds(model, prompts, params, alone) for _ in range(2)),
                                       key=lambda r: r[0])
             tokens = sum(len(o) for o in plain_out)
             row = {"plain_tok_s": round(tokens / plain_dt, 1)}
@@ -203,7 +218,7 @@ def cuda_bench(args) -> None:
             proposer.accept = 1.0
             with_speculation(model, True, spec)
             spec.always = True
-            _, spec_out = run_batch(model, prompts, lambda i: params)
+            _, spec_out = run_rounds(model, prompts, params, alone)
             spec.always = False
             same = [next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
                     for a, b in zip(plain_out, spec_out)]
@@ -219,7 +234,7 @@ def cuda_bench(args) -> None:
                 before = counters(model)
                 best = None
                 for _ in range(2):
-                    dt, outs = run_batch(model, prompts, lambda i: params)
+                    dt, outs = run_rounds(model, prompts, params, alone)
                     best = dt if best is None else min(best, dt)
                     lossless = outs == spec_out
                 after = counters(model)
@@ -264,11 +279,14 @@ def drafter_bench(args) -> None:
     rng = np.random.default_rng(5)
     try:
         for batch in (1, 32):
-            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(batch)]
+            alone = batch == 1  # batch 1: several prompts one after another (more rounds, less noise)
+            count = args.bs1_prompts if alone else batch
+            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(count)]
             params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
             with_speculation(model, False, spec)
-            run_batch(model, prompts, lambda i: SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
-            plain_dt, plain_out = min((run_batch(model, prompts, lambda i: params) for _ in range(2)),
+            run_batch(model, prompts[:batch], lambda i: SamplingParams(max_tokens=16, temperature=0.0,
+                                                                         ignore_eos=True))
+            plain_dt, plain_out = min((run_rounds(model, prompts, params, alone) for _ in range(2)),
                                       key=lambda r: r[0])
             tokens = sum(len(o) for o in plain_out)
             row = {"plain_tok_s": round(tokens / plain_dt, 1)}
@@ -279,7 +297,7 @@ def drafter_bench(args) -> None:
                 before = counters(model)
                 best = None
                 for _ in range(2):
-                    dt, outs = run_batch(model, prompts, lambda i: params)
+                    dt, outs = run_rounds(model, prompts, params, alone)
                     best = dt if best is None else min(best, dt)
                 spec.always = False
                 after = counters(model)
@@ -310,6 +328,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=0, help="per request (default: CPU 96, CUDA 256)")
     parser.add_argument("--prompts", type=int, default=6, help="CPU: prompts per workload")
     parser.add_argument("--prompt-len", type=int, default=128, help="CUDA: random prompt tokens")
+    parser.add_argument("--bs1-prompts", type=int, default=6, help="CUDA: batch-1 prompts run one after another")
     parser.add_argument("--accept", type=float, nargs="+", default=[0.8, 0.0], help="CUDA: replayed draft accuracy")
     parser.add_argument("--drafter", action="store_true", help="CUDA: a random 1B draft core's overhead instead")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/flare-bench"))

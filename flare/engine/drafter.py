@@ -8,10 +8,11 @@ target's verification accepts or rejects losslessly.
 
 The drafter keeps each target slot's history in its own KV, in the slot of the same number:
 
-- a round catches up on the history it has not seen (the whole prompt the first time; then the
-  last verification's accepted drafts and bonus token) with PREFILL steps whose last position
-  samples the first draft, then runs depth - 1 greedy DECODE steps, each reading the token the
-  one before it wrote on the device, so the steps queue without host round trips;
+- a round catches up on the history it has not seen: after a verification that is the bonus
+  token (and the last draft when all were accepted), fed through the round's greedy DECODE
+  steps; a longer catch-up (the whole prompt the first time) is prefilled first, but for its
+  last token. Each later step reads the token the one before it wrote on the device, so the
+  steps queue without host round trips;
 - after verification the drafter's KV is valid up to the longest common prefix of what it was
   fed and the request's new history: rejected drafts lie past it and are overwritten, as on
   the target;
@@ -45,7 +46,11 @@ GREEDY = SamplingParams(temperature=0.0)
 # On a GPU the drafter's KV gets this share of the free memory (the target, loaded after it,
 # takes its kv_memory_fraction of what is left).
 DRAFT_KV_FRACTION = 0.08
-COST_AGING = 0.8  # each steady round moves its (batch, depth) cost estimate this far toward the last
+COST_AGING = 0.8
+# Catch-ups of at most this many tokens are fed through the round's DECODE steps; after a
+# verification the drafter has seen all but the bonus token, or all but the last draft and the
+# bonus token when every draft was accepted.
+FEED_TOKENS = 2  # each steady round moves its (batch, depth) cost estimate this far toward the last
 _EMPTY = np.zeros(0, np.int64)
 
 
@@ -162,6 +167,7 @@ class DraftProposer(Proposer):
         for (i, slot, history, _), draft in zip(rows, drafts):
             # the drafter's KV now holds the history and every draft but the last
             self.fed[slot] = np.concatenate([history, draft[:-1]])
+            draft = draft[:depth]
             bad = np.flatnonzero(draft >= self.target_vocab)  # a larger draft vocabulary's extra ids
             if len(bad):
                 draft = draft[:bad[0]]
@@ -178,7 +184,10 @@ class DraftProposer(Proposer):
         """Install the slot's state for a round: (slot, history, tokens to catch up), or None
         when its KV does not fit."""
         slot = req.slot
-        if len(history) + depth - 1 > self.contract.context:
+        # positions written: the history, then a draft per step but the last; a row that feeds
+        # fewer tokens than another in the round runs up to FEED_TOKENS - 1 steps more
+        span = len(history) + depth - 1 + FEED_TOKENS - 1
+        if span > self.contract.context:
             return None
         if self.owner[slot] != req.rid:
             self.owner[slot] = req.rid
@@ -188,7 +197,7 @@ class DraftProposer(Proposer):
         n = min(len(fed), len(history) - 1)  # at least the last token is fed again: it samples draft 1
         same = fed[:n] == history[:n]
         valid = n if same.all() else int(np.argmin(same))
-        need = -(-(len(history) + depth - 1) // self.contract.page_tokens) - len(self.pages[slot])
+        need = -(-span // self.contract.page_tokens) - len(self.pages[slot])
         if need > len(self.free_pages) and not self._evict(need, busy | {slot}):
             return None
         first = len(self.pages[slot])
@@ -220,48 +229,50 @@ class DraftProposer(Proposer):
         return self.decode[next(b for b in sorted(self.decode) if b >= rows)]
 
     def _run(self, rows: list, depth: int) -> list[np.ndarray]:
-        """Catch-up PREFILL steps (the last one samples the first draft), then depth - 1 greedy
-        DECODE steps over every row; -> each row's ``depth`` drafts."""
+        """Greedy DECODE steps over every row: a row first consumes its catch-up tokens (their
+        outputs unused), then each output is a draft and the next step's input. A catch-up longer
+        than FEED_TOKENS is prefilled first, all but its last token, without sampling (a PREFILL
+        step runs the general sampler: on the H200 a 1B drafter's b1 t64 prefill cost as much as
+        three decode steps). -> each row's drafts (``depth``, one more when it fed less than the
+        longest feed)."""
         started = time.perf_counter()
         slots = [slot for _, slot, _, _ in rows]
-        drafts = {slot: [] for slot in slots}
-        remaining = {slot: catchup for _, slot, _, catchup in rows}
-        steady = all(len(c) <= depth + 1 for c in remaining.values())
-        pending: list[tuple[int, list[int]]] = []  # (fence, slots that sampled)
+        drafts: dict[int, list[int]] = {slot: [] for slot in slots}
+        feed = {slot: catchup if len(catchup) <= FEED_TOKENS else catchup[-1:] for _, slot, _, catchup in rows}
+        remaining = {slot: catchup[:-1] for _, slot, _, catchup in rows if len(catchup) > FEED_TOKENS}
+        steady = not remaining
+        pending: list[tuple[int, list[int]]] = []  # (fence, slots whose output is a draft)
 
-        def submit(graph, step_slots, sampled):
+        def submit(graph, sampled):
             while not self.executor.can_submit():
                 self._collect(pending, drafts)
-            fence = self.executor.submit(graph.index, self.inputs.take())
-            pending.append((fence, sampled))
+            pending.append((self.executor.submit(graph.index, self.inputs.take()), sampled))
 
         while remaining:
             short = [s for s, c in remaining.items() if len(c) <= self.short]
-            if short:
-                group = short[:self._cohort_rows(len(short))]
+            group = short[:self._cohort_rows(len(short))] or [next(iter(remaining))]
+            if short:  # several short catch-ups in one cohort step
                 g = self._prefill_graph(len(group), self.short)
-                self.inputs.set_rows(group, g.batch)
-                for r, s in enumerate(group):
-                    self.inputs.set_prefill_row(r, remaining.pop(s), True)
-                for r in range(len(group), g.batch):
-                    self.inputs.set_prefill_row(r, _EMPTY, False)
-                submit(g, group, group)
-                continue
-            s = next(iter(remaining))  # a long catch-up: one chunk of one row
-            piece = remaining[s][:self.contract.prefill_chunk_size]
-            last = len(piece) == len(remaining[s])
-            g = self._prefill_graph(1, len(piece))
-            self.inputs.set_rows([s], g.batch)
-            self.inputs.set_prefill_row(0, piece, last)
-            if last:
-                del remaining[s]
-            else:
-                remaining[s] = remaining[s][len(piece):]
-            submit(g, [s], [s] if last else [])
+                pieces = [remaining.pop(s) for s in group]
+            else:  # a long catch-up: one chunk of one row
+                s = group[0]
+                pieces = [remaining[s][:self.contract.prefill_chunk_size]]
+                g = self._prefill_graph(1, len(pieces[0]))
+                remaining[s] = remaining[s][len(pieces[0]):]
+                if not len(remaining[s]):
+                    del remaining[s]
+            self.inputs.set_rows(group, g.batch)
+            for r in range(g.batch):
+                self.inputs.set_prefill_row(r, pieces[r] if r < len(pieces) else _EMPTY, False)
+            submit(g, [])
         decode = self._decode_for(len(slots))
-        for _ in range(depth - 1):
+        longest = max(len(f) for f in feed.values())
+        for j in range(longest + depth - 1):
+            for s in slots:
+                if j < len(feed[s]):
+                    self.inputs.set_token(s, int(feed[s][j]))
             self.inputs.set_rows(slots, decode.batch)
-            submit(decode, slots, slots)
+            submit(decode, [s for s in slots if j >= len(feed[s]) - 1])
         while pending:
             self._collect(pending, drafts)
         if steady:

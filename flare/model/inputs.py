@@ -95,6 +95,10 @@ class Inputs:
         self._write("slot.seed", slot, seed)
         self._write("slot.sampling", slot, sampling_row(params))
 
+    def set_token(self, slot: int, token: int) -> None:
+        """The token a slot's next DECODE step consumes (in place of the one it last sampled)."""
+        self._write("slot.token", slot, token)
+
     def set_pages(self, slot: int, first: int, logical_pages: Sequence[int]) -> None:
         """Assign logical pages to page-table entries first, first+1, ... of a slot."""
         if len(logical_pages):

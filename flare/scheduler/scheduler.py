@@ -398,6 +398,8 @@ class RequestScheduler:
             decode = None
             speculative = []  # speculation serves decode-only phases
         if speculative and spec.always:  # a benchmark's verification-only mode
+            if window:
+                return None  # rounds run alone, so the decoders verify together instead of in fragments
             widest = max(speculative, key=lambda c: c[1].tokens)
             return spec.plan(widest, self.timing.estimate_ns(widest[1].index), probe=False)
         if speculative:

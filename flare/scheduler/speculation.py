@@ -20,6 +20,7 @@ penalty. Others decode as before (docs/speculative.md).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 import numpy as np
@@ -136,7 +137,13 @@ class AcceptanceStats:
 
     def expected(self, depth: int) -> float:
         """Expected accepted drafts of ``depth`` offered (the bonus token not counted)."""
-        return float(np.cumprod(self.rates()[:depth]).sum()) if depth > 0 else 0.0
+        return float(self.expected_by_depth()[depth])
+
+    def expected_by_depth(self) -> np.ndarray:
+        """:meth:`expected` for every depth 0..MAX_DEPTH at once."""
+        out = np.zeros(MAX_DEPTH + 1)
+        np.cumsum(np.cumprod(self.rates()), out=out[1:])
+        return out
 
     def observe(self, offered: int, accepted: int, censored: bool) -> None:
         """A verification: ``accepted`` of ``offered`` drafts; ``censored``: the request ended
@@ -282,13 +289,17 @@ class Speculation:
         greedy = bool(t.plain[rows].all())
         unit = sel.pol.output_token_value
         base = Decode.value(sel, rows)
+        cols = Decode.plan_rows(s, rows)
+        lengths = np.fromiter((len(d) for d in drafts), np.int64, len(drafts))
+        # each row's expected accepted drafts for every number offered (index: drafts offered)
+        expected = np.stack([self.stats(s.by_slot[r]).expected_by_depth() for r in rows.tolist()])
         out = []
         for w in self.widths:
+            offered = np.minimum(lengths, w - 1)
             cut = tuple(d[:w - 1] for d in drafts)
-            expected = sum(self.stats(s.by_slot[int(r)]).expected(len(d)) for r, d in zip(rows.tolist(), cut))
-            cols = Decode.plan_rows(s, rows, 1 + np.fromiter((len(d) for d in cut), np.int64, len(cut)))
+            value = base + unit * float(expected[np.arange(len(rows)), offered].sum())
             g = self.graphs[(b, w, greedy)]
-            out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(cols, cut), base + unit * expected))
+            out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(replace(cols, num_tokens=1 + offered), cut), value))
         return out
 
     def prefers(self, cohort: np.ndarray, decode_graph: GraphSpec) -> bool:
@@ -312,6 +323,7 @@ class Speculation:
         b = self._batch_for(len(slots))
         greedy = bool(s.table.plain[slots].all())
         stats = [self.stats(s.by_slot[int(r)]) for r in slots.tolist()]
+        expected = sum(st.available * st.expected_by_depth() for st in stats)
         best, best_w = 0.0, self.widths[-1]
         for w in self.widths:
             g = self.graphs[(b, w, greedy)]
@@ -322,7 +334,7 @@ class Speculation:
             total = est + drafting * 1e3
             if total <= self.probe_credit_s * 1e3:
                 return "probe", w
-            tokens = sum(1.0 + st.available * st.expected(w - 1) for st in stats)
+            tokens = len(stats) + float(expected[w - 1])
             if tokens / total > best:
                 best, best_w = tokens / total, w
         return ("pays" if best > DRAIN_MARGIN * len(slots) / decode_ms else None), best_w
