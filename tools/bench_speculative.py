@@ -103,6 +103,40 @@ def run_batch(model, prompts, params_for) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - t0, outs
 
 
+class HostGaps:
+    """The host's turn between verification rounds: from the poll that returned one SPECULATIVE
+    completion to the submission of the next SPECULATIVE step (median, microseconds)."""
+
+    def __init__(self, model):
+        self.ex, self.graphs, self.stamps = model.executor, model.loaded.contract.graphs, []
+
+    def __enter__(self):
+        from flare.contract import GraphKind
+        poll, submit, stamps, graphs = self.ex.poll, self.ex.submit, self.stamps, self.graphs
+        speculative = GraphKind.SPECULATIVE
+
+        def timed_poll(timeout=0.0):
+            done = poll(timeout)
+            if done is not None:
+                stamps.append((0, time.perf_counter(), graphs[done.graph_index].kind == speculative))
+            return done
+
+        def timed_submit(graph_index, uploads, grammar_constrained=False):
+            stamps.append((1, time.perf_counter(), graphs[graph_index].kind == speculative))
+            return submit(graph_index, uploads, grammar_constrained)
+
+        self.ex.poll, self.ex.submit = timed_poll, timed_submit
+        return self
+
+    def __exit__(self, *exc):
+        del self.ex.poll, self.ex.submit  # the instance attributes: the class's methods again
+
+    def median_us(self) -> float | None:
+        gaps = [b[1] - a[1] for a, b in zip(self.stamps, self.stamps[1:])
+                if a[0] == 0 and b[0] == 1 and a[2] and b[2]]
+        return round(float(np.median(gaps)) * 1e6, 1) if gaps else None
+
+
 def run_rounds(model, prompts, params, alone: bool) -> tuple[float, list[list[int]]]:
     """All prompts at once, or (``alone``) one after another, each a batch of one."""
     if not alone:
@@ -233,14 +267,15 @@ def cuda_bench(args) -> None:
                 with_speculation(model, True, spec)
                 before = counters(model)
                 best = None
-                for _ in range(2):
-                    dt, outs = run_rounds(model, prompts, params, alone)
-                    best = dt if best is None else min(best, dt)
-                    lossless = outs == spec_out
+                with HostGaps(model) as gaps:
+                    for _ in range(2):
+                        dt, outs = run_rounds(model, prompts, params, alone)
+                        best = dt if best is None else min(best, dt)
+                        lossless = outs == spec_out
                 after = counters(model)
                 d = {k: after[k] - before[k] for k in after}
                 row[f"a{accept}"] = dict(tok_s=round(tokens / best, 1), ratio=round(plain_dt / best, 3),
-                                         lossless=lossless, **acceptance(d))
+                                         lossless=lossless, host_gap_us=gaps.median_us(), **acceptance(d))
                 log(f"batch {batch}, acceptance {accept}: {row[f'a{accept}']} (plain {row['plain_tok_s']} tok/s)")
             RESULTS[f"bs{batch}"] = row
         ms = {}

@@ -15,6 +15,11 @@ def validate_records(records: npt.NDArray[np.int64], slots: npt.NDArray[np.int64
                      generated: npt.NDArray[np.int64], max_new: int) -> int:
     """First row whose record disagrees with what was committed, or -1."""
 
+def validate_verification(records: npt.NDArray[np.int64], slots: npt.NDArray[np.int64],
+                          generations: npt.NDArray[np.int64], consumed: npt.NDArray[np.int64],
+                          generated: npt.NDArray[np.int64], width: npt.NDArray[np.int64]) -> int:
+    """validate_records for a SPECULATIVE step (1..width[i] new tokens per row), or -1."""
+
 def update_debts(phase: npt.NDArray[np.int64], ended: npt.NDArray[np.uint8], token_debt: npt.NDArray[np.float64],
                  delivery_debt: npt.NDArray[np.float64], served_slots: npt.NDArray[np.int64],
                  served_tokens: npt.NDArray[np.int64], delivered_slots: npt.NDArray[np.int64],

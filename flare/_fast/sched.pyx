@@ -72,6 +72,30 @@ cpdef Py_ssize_t validate_records(const long long[:, ::1] records, const long lo
     return -1
 
 
+cpdef Py_ssize_t validate_verification(const long long[:, ::1] records, const long long[::1] slots,
+                                       const long long[::1] generations, const long long[::1] consumed,
+                                       const long long[::1] generated, const long long[::1] width) except -2:
+    """:func:`validate_records` for a SPECULATIVE step: row i kept 1..width[i] tokens, and its
+    counters advanced by exactly what it kept (``consumed``/``generated``: the commit's upper
+    bounds, width[i] past the row's state before the step)."""
+    cdef:
+        Py_ssize_t n = slots.shape[0], i
+        long long s, new
+    if records.shape[1] <= REC_NEW_TOKENS:
+        raise ValueError("records have too few fields")
+    with nogil:
+        for i in range(n):
+            s = slots[i]
+            if s < 0 or s >= records.shape[0]:
+                return i
+            new = records[s, REC_NEW_TOKENS]
+            if (records[s, REC_SLOT] != s or records[s, REC_GENERATION] != generations[i] or new < 1
+                    or new > width[i] or records[s, REC_CONSUMED] != consumed[i] - width[i] + new
+                    or records[s, REC_GENERATED] != generated[i] - width[i] + new):
+                return i
+    return -1
+
+
 cpdef void update_debts(const long long[::1] phase, const unsigned char[::1] ended,
                         double[::1] token_debt, double[::1] delivery_debt,
                         const long long[::1] served_slots, const long long[::1] served_tokens,

@@ -26,12 +26,9 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple
 import numpy as np
 
 from .._fast.ngram import propose_copy
+from .._fast.sched import validate_verification
 from ..contract import (
-    REC_CONSUMED,
-    REC_GENERATED,
-    REC_GENERATION,
     REC_NEW_TOKENS,
-    REC_SLOT,
     RECORD_TOKENS,
     GraphKind,
     GraphSpec,
@@ -256,10 +253,10 @@ class Speculation:
         # a round may emit 1 + depth tokens: within the output limit and the context
         depths = np.minimum(np.minimum(top, t.limit[slots] - t.planned_gen[slots] - 1),
                             s.contract.context - t.planned[slots] - 1).tolist()
-        started = time.perf_counter()
+        started = time.perf_counter() if verdict == "probe" else 0.0
         proposed = self.proposer.propose_batch(reqs, [t.out[slot] for slot in slots.tolist()],
                                                t.num_out[slots].tolist(), depths)
-        if verdict == "probe":
+        if verdict == "probe":  # the drafter's round is the probe's cost as well
             self.probe_credit_s -= time.perf_counter() - started
         # pages past a request's reservation come from unreserved pages (as decode's do)
         free, unreserved = s.num_free_pages, s.unreserved_pages
@@ -282,9 +279,10 @@ class Speculation:
             drafts.append(draft)
         if not rows or (not self.always and not any(len(d) for d in drafts)):
             return []
-        order = sorted(range(len(rows)), key=lambda i: -len(drafts[i]))[:self.max_batch]
-        rows = np.asarray([rows[i] for i in order], np.int64)
-        drafts = [drafts[i] for i in order]
+        if len(rows) > 1:
+            order = sorted(range(len(rows)), key=lambda i: -len(drafts[i]))[:self.max_batch]
+            rows, drafts = [rows[i] for i in order], [drafts[i] for i in order]
+        rows = np.asarray(rows, np.int64)
         b = self._batch_for(len(rows))
         greedy = bool(t.plain[rows].all())
         unit = sel.pol.output_token_value
@@ -292,12 +290,12 @@ class Speculation:
         cols = Decode.plan_rows(s, rows)
         lengths = np.fromiter((len(d) for d in drafts), np.int64, len(drafts))
         # each row's expected accepted drafts for every number offered (index: drafts offered)
-        expected = np.stack([self.stats(s.by_slot[r]).expected_by_depth() for r in rows.tolist()])
+        expected = [self.stats(s.by_slot[r]).expected_by_depth() for r in rows.tolist()]
         out = []
         for w in self.widths:
             offered = np.minimum(lengths, w - 1)
             cut = tuple(d[:w - 1] for d in drafts)
-            value = base + unit * float(expected[np.arange(len(rows)), offered].sum())
+            value = base + unit * sum(float(e[k]) for e, k in zip(expected, offered.tolist()))
             g = self.graphs[(b, w, greedy)]
             out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(replace(cols, num_tokens=1 + offered), cut), value))
         return out
@@ -387,18 +385,16 @@ class Speculation:
         commit: slot, generation, 1 <= new <= 1 + drafts, counters advanced by exactly new."""
         cols = step.cols
         slots = cols.slots
-        rec = records[slots]
-        new = rec[:, REC_NEW_TOKENS]
         width = cols.num_tokens
-        bad = ((rec[:, REC_SLOT] != slots) | (rec[:, REC_GENERATION] != cols.generations) | (new < 1)
-               | (new > width) | (rec[:, REC_CONSUMED] != step.consumed - width + new)
-               | (rec[:, REC_GENERATED] != step.generated - width + new))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
+        bad = validate_verification(records, slots, cols.generations, step.consumed, step.generated, width)
+        if bad >= 0:
+            i = bad
+            rec = records[slots[i]] if 0 <= slots[i] < len(records) else np.full(5, -1)
             raise CompletionError(
                 f"SPECULATIVE completion at fence {step.fence} for slot {int(slots[i])}: record "
-                f"{tuple(int(x) for x in rec[i, :5])} (slot, generation, consumed, generated, new); expected "
+                f"{tuple(int(x) for x in rec[:5])} (slot, generation, consumed, generated, new); expected "
                 f"generation {int(cols.generations[i])}, new tokens 1..{int(width[i])}")
+        new = records[slots, REC_NEW_TOKENS]
         return new
 
     def observe(self, req: "LiveRequest", offered: int, accepted: int, emitted: int) -> None:
