@@ -149,6 +149,22 @@ def run_rounds(model, prompts, params, alone: bool) -> tuple[float, list[list[in
     return total, outs
 
 
+def plain_rounds(model, spec, batch: int, rng, args):
+    """A workload of random prompts and its plain-decode baseline (speculation off, warmed, best
+    of two) -> (alone, prompts, params, seconds, outputs). Batch 1 runs --bs1-prompts prompts one
+    after another (more rounds, less noise)."""
+    from flare.request import SamplingParams
+
+    alone = batch == 1
+    count = args.bs1_prompts if alone else batch
+    prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(count)]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    with_speculation(model, False, spec)
+    run_batch(model, prompts[:batch], lambda i: SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    dt, outs = min((run_rounds(model, prompts, params, alone) for _ in range(2)), key=lambda r: r[0])
+    return alone, prompts, params, dt, outs
+
+
 def with_speculation(model, on: bool, spec) -> None:
     """Speculation on or off between rounds (the model thread is idle then)."""
     model.runtime.scheduler.speculation = spec if on else None
@@ -211,7 +227,6 @@ def cuda_bench(args) -> None:
     from flare.config import EngineConfig
     from flare.contract import GraphKind
     from flare.engine.model import NativeModel
-    from flare.request import SamplingParams
     from flare.scheduler.speculation import ReplayProposer
 
     ckpt = args.workdir / "llama3-8b-hf"
@@ -230,15 +245,7 @@ def cuda_bench(args) -> None:
     rng = np.random.default_rng(5)
     try:
         for batch in (1, 32):
-            alone = batch == 1  # batch 1: several prompts one after another (more rounds, less noise)
-            count = args.bs1_prompts if alone else batch
-            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(count)]
-            params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-            with_speculation(model, False, spec)
-            run_batch(model, prompts[:batch], lambda i: SamplingParams(max_tokens=16, temperature=0.0,
-                                                                         ignore_eos=True))
-            plain_dt, plain_out = min((run_rounds(model, prompts, params, alone) for _ in range(2)),
-                                      key=lambda r: r[0])
+            alone, prompts, params, plain_dt, plain_out = plain_rounds(model, spec, batch, rng, args)
             tokens = sum(len(o) for o in plain_out)
             row = {"plain_tok_s": round(tokens / plain_dt, 1)}
             # The replayed continuation: the verification graph's own greedy output (drafts from
@@ -295,7 +302,6 @@ def drafter_bench(args) -> None:
     from flare.config import EngineConfig
     from flare.contract import GraphKind
     from flare.engine.model import NativeModel
-    from flare.request import SamplingParams
 
     cores = {}
     for shape in ("llama3-8b", "llama3.2-1b"):
@@ -314,15 +320,7 @@ def drafter_bench(args) -> None:
     rng = np.random.default_rng(5)
     try:
         for batch in (1, 32):
-            alone = batch == 1  # batch 1: several prompts one after another (more rounds, less noise)
-            count = args.bs1_prompts if alone else batch
-            prompts = [rng.integers(1000, 120000, args.prompt_len).astype(np.int32).tolist() for _ in range(count)]
-            params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-            with_speculation(model, False, spec)
-            run_batch(model, prompts[:batch], lambda i: SamplingParams(max_tokens=16, temperature=0.0,
-                                                                         ignore_eos=True))
-            plain_dt, plain_out = min((run_rounds(model, prompts, params, alone) for _ in range(2)),
-                                      key=lambda r: r[0])
+            alone, prompts, params, plain_dt, plain_out = plain_rounds(model, spec, batch, rng, args)
             tokens = sum(len(o) for o in plain_out)
             row = {"plain_tok_s": round(tokens / plain_dt, 1)}
             for mode in ("every_round_drafted", "scheduler_choice"):

@@ -46,6 +46,17 @@ cpdef Py_ssize_t select_candidate(const double[::1] value, const double[::1] est
     return best
 
 
+cdef inline bint _row_ok(const long long[:, ::1] records, long long s, long long generation, long long consumed,
+                         long long generated, long long least, long long most, long long ahead) noexcept nogil:
+    """Slot s's record names it and ``generation``, reports least..most new tokens, and its
+    counters are the committed ones less ``ahead`` - new (the commit's upper bound, ``ahead``
+    past the row's state before the step; 0 for steps whose counters the commit knows)."""
+    cdef long long new = records[s, REC_NEW_TOKENS]
+    cdef long long behind = ahead - new if ahead else 0
+    return (records[s, REC_SLOT] == s and records[s, REC_GENERATION] == generation and least <= new <= most
+            and records[s, REC_CONSUMED] == consumed - behind and records[s, REC_GENERATED] == generated - behind)
+
+
 cpdef Py_ssize_t validate_records(const long long[:, ::1] records, const long long[::1] slots,
                                   const long long[::1] generations, const long long[::1] consumed,
                                   const long long[::1] generated, long long max_new) except -2:
@@ -54,20 +65,13 @@ cpdef Py_ssize_t validate_records(const long long[:, ::1] records, const long lo
     Checks the slot, generation, cumulative consumed and generated counters and
     the per-step bound on new tokens.
     """
-    cdef:
-        Py_ssize_t n = slots.shape[0], i
-        long long s, new
+    cdef Py_ssize_t n = slots.shape[0], i
     if records.shape[1] <= REC_NEW_TOKENS:
         raise ValueError("records have too few fields")
     with nogil:
         for i in range(n):
-            s = slots[i]
-            if s < 0 or s >= records.shape[0]:
-                return i
-            new = records[s, REC_NEW_TOKENS]
-            if (records[s, REC_SLOT] != s or records[s, REC_GENERATION] != generations[i]
-                    or records[s, REC_CONSUMED] != consumed[i] or records[s, REC_GENERATED] != generated[i]
-                    or new < 0 or new > max_new):
+            if (slots[i] < 0 or slots[i] >= records.shape[0]
+                    or not _row_ok(records, slots[i], generations[i], consumed[i], generated[i], 0, max_new, 0)):
                 return i
     return -1
 
@@ -78,20 +82,14 @@ cpdef Py_ssize_t validate_verification(const long long[:, ::1] records, const lo
     """:func:`validate_records` for a SPECULATIVE step: row i kept 1..width[i] tokens, and its
     counters advanced by exactly what it kept (``consumed``/``generated``: the commit's upper
     bounds, width[i] past the row's state before the step)."""
-    cdef:
-        Py_ssize_t n = slots.shape[0], i
-        long long s, new
+    cdef Py_ssize_t n = slots.shape[0], i
     if records.shape[1] <= REC_NEW_TOKENS:
         raise ValueError("records have too few fields")
     with nogil:
         for i in range(n):
-            s = slots[i]
-            if s < 0 or s >= records.shape[0]:
-                return i
-            new = records[s, REC_NEW_TOKENS]
-            if (records[s, REC_SLOT] != s or records[s, REC_GENERATION] != generations[i] or new < 1
-                    or new > width[i] or records[s, REC_CONSUMED] != consumed[i] - width[i] + new
-                    or records[s, REC_GENERATED] != generated[i] - width[i] + new):
+            if (slots[i] < 0 or slots[i] >= records.shape[0]
+                    or not _row_ok(records, slots[i], generations[i], consumed[i], generated[i], 1, width[i],
+                                   width[i])):
                 return i
     return -1
 

@@ -5,8 +5,6 @@ short), the back-off stops drafting that does not pay, and incompatible draft co
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -16,27 +14,12 @@ from flare.core.format import load_core
 from flare.engine.drafter import check_compatible
 from flare.engine.model import NativeModel
 from flare.errors import FrontendError
-from flare.request import PreparedPrompt, SamplingParams, TokenEvent
 from tests.model.harness import Harness, save_tiny
 from tests.model.test_parity_tiny import _make
+from tests.runtime.speculative_support import MEMORY, chat, counters, run, run_together
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single "
            "step. All that glitters is not gold.")
-MEMORY = 512 << 20
-
-
-def chat(tok, text: str) -> list[int]:
-    return tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).ids
-
-
-def run(model, ids, **params):
-    events = list(model.generate(PreparedPrompt(np.asarray(ids, np.int32)), SamplingParams(**params), timeout=600))
-    return [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids], events[-1]
-
-
-def counters(model) -> dict:
-    c = model.runtime.scheduler.speculation.counters
-    return {k: getattr(c, k) for k in c.__slots__}
 
 
 def drafting_model(core, draft, *, always: bool, **config) -> NativeModel:
@@ -87,17 +70,7 @@ def test_prefix_cache_hits_and_concurrency_stay_exact(plain, self_drafting):
     prompts = [chat(tok, f"Repeat after me: {PASSAGE}"), chat(tok, "Write a short poem about the sea."),
                chat(tok, f"Repeat after me: {PASSAGE}"), chat(tok, "Name three colours.")]
     want = [run(plain, p, temperature=0.0, max_tokens=24)[0] for p in prompts]
-    results: dict[int, list[int]] = {}
-
-    def go(i):
-        results[i] = run(self_drafting, prompts[i], temperature=0.0, max_tokens=24)[0]
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert [results[i] for i in range(len(prompts))] == want
+    assert run_together(self_drafting, prompts, temperature=0.0, max_tokens=24) == want
     again, finish = run(self_drafting, prompts[1], temperature=0.0, max_tokens=24)
     assert again == want[1] and finish.usage.cached_tokens > 0
 
@@ -143,17 +116,7 @@ def test_a_different_draft_model_is_lossless_when_its_kv_runs_short(tiny_cores):
         # the drafter's pool holds one request's history (4 pages): concurrent requests draft in
         # turn, each taking the pages of the last one that drafted
         drafter.free_pages = drafter.free_pages[-4:]
-        results: dict[int, list[int]] = {}
-
-        def go(i):
-            results[i] = run(m, prompts[i], temperature=0.0, max_tokens=40, ignore_eos=True)[0]
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert [results[i] for i in range(len(prompts))] == want
+        assert run_together(m, prompts, temperature=0.0, max_tokens=40, ignore_eos=True) == want
         c = counters(m)
         assert c["verification_steps"] > 0 and c["drafter_steps"] == c["draft_positions"] > 0
         assert drafter.failure is None and drafter.evictions > 0

@@ -14,14 +14,10 @@ from flare.core.embedded import demo_core
 from flare.engine.model import NativeModel
 from flare.request import FinishEvent, PreparedPrompt, SamplingParams, TokenEvent
 from flare.scheduler.speculation import AcceptanceStats, Proposer, ReplayProposer
+from tests.runtime.speculative_support import MEMORY, chat, counters, run, run_together
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single "
            "step. All that glitters is not gold. Actions speak louder than words.")
-MEMORY = 512 << 20
-
-
-def chat(tok, text: str) -> list[int]:
-    return tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).ids
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +32,6 @@ def copying():
     m = NativeModel.load(demo_core(), EngineConfig(device="cpu", kv_memory_bytes=MEMORY, speculative="copy"))
     yield m
     m.close()
-
-
-def run(model, ids, **params):
-    events = list(model.generate(PreparedPrompt(np.asarray(ids, np.int32)), SamplingParams(**params), timeout=600))
-    return [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids], events[-1]
-
-
-def counters(model) -> dict:
-    c = model.runtime.scheduler.speculation.counters
-    return {k: getattr(c, k) for k in c.__slots__}
 
 
 def copy_prompt(tok) -> list[int]:
@@ -80,17 +66,7 @@ def test_prefix_cache_hits_and_concurrency_stay_exact(plain, copying):
                chat(tok, "Write a short poem about the sea."), copy_prompt(tok)]
     want = [run(plain, p, temperature=0.0, max_tokens=48)[0] for p in prompts]
     # the same prompts again, all at once: full and partial cache hits, a shared cohort
-    results: dict[int, list[int]] = {}
-
-    def go(i):
-        results[i] = run(copying, prompts[i], temperature=0.0, max_tokens=48)[0]
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert [results[i] for i in range(len(prompts))] == want
+    assert run_together(copying, prompts, temperature=0.0, max_tokens=48) == want
     again, finish = run(copying, prompts[0], temperature=0.0, max_tokens=48)
     assert again == want[0] and finish.usage.cached_tokens > 0
 

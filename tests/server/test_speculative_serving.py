@@ -44,11 +44,9 @@ def _metric(served, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-def test_copy_proposals_serve_the_same_answers(server, engine_kind, launcher):
-    if engine_kind == "fake":
-        pytest.skip("speculation runs in the model runtime: the real demo engine only")
-    spec = launcher(extra_flags=("--speculative", "copy"))
-    body = {"model": "demo", "temperature": 0, "max_tokens": 60,
+def _assert_same_answers(server, spec, max_tokens: int) -> None:
+    """A greedy copy request gets the same text and usage from both servers."""
+    body = {"temperature": 0, "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": f"Copy the following text word for word:\n\n{PASSAGE}"}]}
     answers = []
     for served in (server, spec):
@@ -57,6 +55,13 @@ def test_copy_proposals_serve_the_same_answers(server, engine_kind, launcher):
         assert status == 200, reply
         answers.append((reply["choices"][0]["message"]["content"], reply["usage"]["completion_tokens"]))
     assert answers[0] == answers[1]
+
+
+def test_copy_proposals_serve_the_same_answers(server, engine_kind, launcher):
+    if engine_kind == "fake":
+        pytest.skip("speculation runs in the model runtime: the real demo engine only")
+    spec = launcher(extra_flags=("--speculative", "copy"))
+    _assert_same_answers(server, spec, max_tokens=60)
     assert _metric(spec, "flare_speculative_verification_steps_total") > 0
     assert _metric(spec, "flare_speculative_accepted_tokens_total") > 0
     assert _metric(spec, "flare_speculative_mean_acceptance_length") > 0
@@ -72,14 +77,6 @@ def test_a_draft_core_serves_the_same_answers(server, engine_kind, launcher):
     from flare.core.embedded import demo_core
 
     spec = launcher(extra_flags=("--speculative", "draft", "--draft-core", str(demo_core())))
-    body = {"model": "demo", "temperature": 0, "max_tokens": 40,
-            "messages": [{"role": "user", "content": f"Copy the following text word for word:\n\n{PASSAGE}"}]}
-    answers = []
-    for served in (server, spec):
-        status, reply = post_json(served, "/v1/chat/completions", {**body, "model": served.model or "demo"},
-                                  timeout=300)
-        assert status == 200, reply
-        answers.append((reply["choices"][0]["message"]["content"], reply["usage"]["completion_tokens"]))
-    assert answers[0] == answers[1]
+    _assert_same_answers(server, spec, max_tokens=40)
     assert _metric(spec, "flare_speculative_drafter_steps_total") > 0
     assert _metric(spec, "flare_speculative_verification_steps_total") > 0
