@@ -35,6 +35,7 @@ class Selection:
         self.pol = view.policy
         self.per_prompt_s = 0.0  # solo seconds per prompt token (0: unmeasured)
         self.per_output_s = 0.0  # solo seconds per output token
+        self._solo_version = -1  # the timing version the solo costs were computed at
 
     # -- candidates -----------------------------------------------------------
 
@@ -143,8 +144,11 @@ class Selection:
     def refresh_solo_costs(self) -> None:
         """Seconds per token a request gets alone: the best measured prefill capacity per prompt
         token, the smallest measured decode graph (general or greedy) per output token (0 while
-        unmeasured)."""
+        unmeasured). Recomputed only when an estimate changed."""
         s = self.s
+        if self._solo_version == s.timing.version:
+            return
+        self._solo_version = s.timing.version
         per_prompt = 0.0
         for g in (*s.graphs_of(GraphKind.PREFILL), *s.mixed_graphs.get(0, ())):
             est = s.timing.estimate_ns(g.index)

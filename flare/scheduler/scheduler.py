@@ -373,7 +373,8 @@ class RequestScheduler:
         decode = DECODE.cohort(self)
         spec = self.speculation
         speculative = spec.candidates(sel, decode[1], decode[0]) if spec is not None and decode is not None else []
-        if not sel.has_other_work() and not speculative:
+        other_work = sel.has_other_work()
+        if not other_work and not speculative:
             if decode is None:
                 if not window:
                     self.timing.idle()
@@ -387,7 +388,8 @@ class RequestScheduler:
                 return None
             return ScheduledPlan(self.id, GraphKind.DECODE, graph.index, graph.batch, graph.tokens,
                                  DECODE.plan_rows(self, slots), self.timing.estimate_ns(graph.index), stale)
-        candidates = sel.candidates()
+        # row-wise candidates serve requests in the phases has_other_work looks for, nothing else
+        candidates = sel.candidates() if other_work else []
         if decode is not None and any(k == GraphKind.MIXED and g.width for k, g, _, _ in candidates):
             # Decoders ride in a mixed step while prompts wait (steps/mixed.py): a MIXED
             # candidate carries the whole decode cohort, so a pure decode step only delays the

@@ -20,7 +20,6 @@ penalty. Others decode as before (docs/speculative.md).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 import numpy as np
@@ -119,7 +118,7 @@ class AcceptanceStats:
     Observations age (AGING) so a request that stops copying is noticed; the prior is added
     after aging, so an unobserved depth keeps the prior mean."""
 
-    __slots__ = ("hits", "trials", "available", "prior", "aging")
+    __slots__ = ("hits", "trials", "available", "prior", "aging", "version", "_expected", "_expected_at")
 
     def __init__(self, prior: "AcceptanceStats | None" = None, aging: float = AGING):
         self.hits = np.zeros(MAX_DEPTH)
@@ -127,6 +126,9 @@ class AcceptanceStats:
         self.available = 1.0  # aged share of rounds the proposer had a draft
         self.prior = prior  # the population's statistics (None: even odds)
         self.aging = aging
+        self.version = 0  # bumped by every observation
+        self._expected: np.ndarray | None = None
+        self._expected_at = (-1, -1)  # (version, the prior's version) _expected was computed at
 
     def rates(self) -> np.ndarray:
         prior = self.prior.rates() if self.prior is not None else 0.5
@@ -137,14 +139,19 @@ class AcceptanceStats:
         return float(self.expected_by_depth()[depth])
 
     def expected_by_depth(self) -> np.ndarray:
-        """:meth:`expected` for every depth 0..MAX_DEPTH at once."""
-        out = np.zeros(MAX_DEPTH + 1)
-        np.cumsum(np.cumprod(self.rates()), out=out[1:])
-        return out
+        """:meth:`expected` for every depth 0..MAX_DEPTH at once (cached until an observation,
+        this request's or the population's)."""
+        at = (self.version, self.prior.version if self.prior is not None else 0)
+        if self._expected_at != at:
+            out = np.zeros(MAX_DEPTH + 1)
+            np.cumsum(np.cumprod(self.rates()), out=out[1:])
+            self._expected, self._expected_at = out, at
+        return self._expected
 
     def observe(self, offered: int, accepted: int, censored: bool) -> None:
         """A verification: ``accepted`` of ``offered`` drafts; ``censored``: the request ended
         inside the accepted prefix, so the depths after it were not tested."""
+        self.version += 1
         self.hits *= self.aging
         self.trials *= self.aging
         self.hits[:accepted] += 1
@@ -259,7 +266,7 @@ class Speculation:
         if verdict == "probe":  # the drafter's round is the probe's cost as well
             self.probe_credit_s -= time.perf_counter() - started
         # pages past a request's reservation come from unreserved pages (as decode's do)
-        free, unreserved = s.num_free_pages, s.unreserved_pages
+        free, unreserved = s.num_free_pages, -1  # unreserved: counted when a row needs it
         rows, drafts = [], []
         for slot, req, draft in zip(slots.tolist(), reqs, proposed):
             def shortfall(n: int) -> tuple[int, int]:
@@ -267,10 +274,12 @@ class Speculation:
                 return need, max(0, need - req.page_budget)
 
             need, over = shortfall(len(draft))
-            while len(draft) and (need > free or over > unreserved):  # fewer drafts when pages are short
+            if over and unreserved < 0:
+                unreserved = s.unreserved_pages
+            while len(draft) and (need > free or over > unreserved > -1):  # fewer drafts when pages are short
                 draft = draft[:-1]
                 need, over = shortfall(len(draft))
-            if need > free or over > unreserved:
+            if need > free or over > unreserved > -1:
                 continue
             free -= need
             unreserved -= over
@@ -297,7 +306,9 @@ class Speculation:
             cut = tuple(d[:w - 1] for d in drafts)
             value = base + unit * sum(float(e[k]) for e, k in zip(expected, offered.tolist()))
             g = self.graphs[(b, w, greedy)]
-            out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(replace(cols, num_tokens=1 + offered), cut), value))
+            width_cols = RowArrays(cols.rids, cols.slots, cols.generations, cols.epochs, cols.starts, 1 + offered,
+                                   cols.sample, cols.snapshot)
+            out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(width_cols, cut), value))
         return out
 
     def prefers(self, cohort: np.ndarray, decode_graph: GraphSpec) -> bool:

@@ -36,6 +36,7 @@ class TimingEstimates:
         self.credit_fraction = credit_fraction
         self.credit_cap_ns = int(credit_cap_s * 1e9)
         self.credit_ns = 0.0
+        self.version = 0  # bumped whenever an estimate changes (derived costs cache on it)
 
     def estimate_ns(self, graph: int) -> int:
         """The current estimate; 0 when unmeasured."""
@@ -65,7 +66,10 @@ class TimingEstimates:
             e.observations.clear()
         e.observations.append(int(duration_ns))
         ordered = sorted(e.observations)
-        e.value_ns = ordered[len(ordered) // 2]
+        value = ordered[len(ordered) // 2]
+        if value != e.value_ns:
+            e.value_ns = value
+            self.version += 1
         e.last_observed = now
         self.credit_ns = min(self.credit_cap_ns, self.credit_ns + self.credit_fraction * duration_ns)
 
