@@ -8,11 +8,14 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from . import __version__
 from .config import MAX_ACTIVE_LIMIT, EngineConfig
 from .core.export import DTYPES, ExportOptions
 from .errors import Error, FrontendError
 from .fixtures import stderr_progress as _progress
 from .request import GENERATION_KEYS
+
+DEMO_NAME = "demo"  # `flare info demo`: the embedded demo core
 
 
 def _export_parser(sub) -> None:
@@ -78,6 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     if core is None:
         from .core.embedded import demo_core
         core = demo_core(_progress)
+        print(f"flare: serving the demo core at {core}", file=sys.stderr)
     else:
         from .core.format import load_core
         # Refuse a bad core here, as one line and exit 2, before the server starts: every
@@ -146,7 +150,12 @@ def _info(args: argparse.Namespace) -> int:
 
     from .core.format import load_core
 
-    core = load_core(args.core, verify=not args.no_verify)
+    path = args.core
+    if str(path) == DEMO_NAME and not path.exists():
+        from .core.embedded import demo_core
+        path = demo_core(_progress)
+    core = load_core(path, verify=not args.no_verify)
+    print(f"{path}:")
     r, c = core.recipe, core.contract
     print(f"{core.identifier}: {r.architecture}, {r.num_layers} layers, hidden {r.hidden_size}, "
           f"{r.num_params / 1e6:.1f}M parameters, {core.dtype}")
@@ -166,17 +175,31 @@ def _info(args: argparse.Namespace) -> int:
     else:
         print("output parsers: not recorded (chosen from the chat template when served)")
     print(json.dumps({name: info["sha256"][:16] for name, info in core.assets.items()}, indent=2))
+    sys.stdout.flush()  # a closed pipe fails here, inside main's handler, not at exit
     return 0
+
+
+def _closed_pipe() -> int:
+    """stdout's reader went away (``flare info CORE | head``): no traceback, and no second
+    failure when the interpreter flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flare", description="Flare LLM inference server")
+    _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     _export_parser(sub)
-    run = sub.add_parser("run", help="serve a core over HTTP")
-    _serve_arguments(run, core_optional=False)
+    run = sub.add_parser("run", help="serve a core over HTTP (default: the embedded demo core)")
+    _serve_arguments(run, core_optional=True)
     info = sub.add_parser("info", help="describe a core and verify its fingerprints")
-    info.add_argument("core", type=Path)
+    info.add_argument("core", type=Path, help=f"core directory, or {DEMO_NAME!r} for the embedded demo core")
     info.add_argument("--no-verify", action="store_true", help="skip SHA-256 verification")
     args = parser.parse_args(argv)
     try:
@@ -185,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "info":
             return _info(args)
         return _serve(args)
+    except BrokenPipeError:
+        return _closed_pipe()
     except (Error, OSError) as exc:  # a refusal, or a file the OS would not give us
         print(f"flare: error: {exc}", file=sys.stderr)
         return 2
@@ -193,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def serve_main(argv: Sequence[str] | None = None) -> int:
     """``flare-serve [CORE]``: the same as ``flare run CORE``; the demo core without CORE."""
     parser = argparse.ArgumentParser(prog="flare-serve", description="Serve a Flare core over HTTP")
+    _add_version(parser)
     _serve_arguments(parser, core_optional=True)
     args = parser.parse_args(argv)
     try:
