@@ -132,9 +132,10 @@ class NativeEngine:
     @classmethod
     def load(cls, core_path: str | Path, config: ServerConfig, progress=None) -> "NativeEngine":
         def say(message: str) -> None:
-            log.info("%s", message)
             if progress is not None:
-                progress.report("loading", message)
+                progress.report("loading", message)  # which logs it (the server's startup progress)
+            else:
+                log.info("%s", message)
 
         core = load_core(Path(core_path), progress=say)
         frontend = load_frontend(core, template_limits(config))

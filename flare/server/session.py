@@ -415,7 +415,9 @@ def serve(engine_factory: EngineFactory, config: ServerConfig, *, progress: Star
     skips the rest of the grace period.
     """
     configure_logging(config.log_level)
-    progress = progress or StartupProgress(lambda s: log.info("startup: %s %s", s.stage, s.detail))
+    # each startup step logged once: the loading steps as they are, the others with their stage
+    progress = progress or StartupProgress(
+        lambda s: log.info("%s", s.detail) if s.stage == "loading" else log.info("%s: %s", s.stage, s.detail))
     return uvloop.run(_serve(engine_factory, config, progress))
 
 

@@ -1,5 +1,5 @@
-"""`flare run` without a core serves the embedded demo core, as flare-serve does, and says
-where the core is."""
+"""`flare run` without a core serves the embedded demo core, as flare-serve does, says where
+the core is, and logs each startup step once."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ def test_flare_run_without_a_core_serves_the_demo():
     served = start_subprocess(argv, kind="demo")
     try:
         assert any(f"serving the demo core at {demo_core()}" in line for line in served.stderr_lines)
+        for step in ("chat template endpoints", "KV cache:", "structured output: grammar engine ready"):
+            assert sum(step in line for line in served.stderr_lines) == 1, (step, served.stderr_lines)
+        assert not any("loading loading" in line for line in served.stderr_lines)
         status, reply = post_json(served, "/v1/completions", {"model": served.model, "prompt": "Hello",
                                                                "max_tokens": 2, "temperature": 0}, timeout=120)
         assert status == 200 and reply["usage"]["completion_tokens"] == 2, reply
