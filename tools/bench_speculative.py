@@ -149,6 +149,19 @@ def run_rounds(model, prompts, params, alone: bool) -> tuple[float, list[list[in
     return total, outs
 
 
+def load_timed(core, config, **kwargs):
+    """NativeModel.load on the GPU, its load-and-capture time and the device name recorded."""
+    import torch
+
+    from flare.engine.model import NativeModel
+
+    t0 = time.perf_counter()
+    model = NativeModel.load(core, config, progress=log, **kwargs)
+    RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
+    RESULTS["device"] = torch.cuda.get_device_name()
+    return model
+
+
 def plain_rounds(model, spec, batch: int, rng, args):
     """A workload of random prompts and its plain-decode baseline (speculation off, warmed, best
     of two) -> (alone, prompts, params, seconds, outputs). Batch 1 runs --bs1-prompts prompts one
@@ -221,12 +234,10 @@ def cpu_bench(args) -> None:
 
 
 def cuda_bench(args) -> None:
-    import torch
     from bench_gpu import export, make_checkpoint
 
     from flare.config import EngineConfig
     from flare.contract import GraphKind
-    from flare.engine.model import NativeModel
     from flare.scheduler.speculation import ReplayProposer
 
     ckpt = args.workdir / "llama3-8b-hf"
@@ -235,11 +246,8 @@ def cuda_bench(args) -> None:
     export(ckpt, core, 4096, max_active=64, chunk=512)
     truth: dict[bytes, np.ndarray] = {}
     proposer = ReplayProposer(truth, 0.0, vocab_size=128256, seed=0)
-    t0 = time.perf_counter()
-    model = NativeModel.load(core, EngineConfig(device="cuda", max_active=32, speculative="copy",
-                                                speculative_depth=args.depth), progress=log, proposer=proposer)
-    RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
-    RESULTS["device"] = torch.cuda.get_device_name()
+    model = load_timed(core, EngineConfig(device="cuda", max_active=32, speculative="copy",
+                                          speculative_depth=args.depth), proposer=proposer)
     sched = model.runtime.scheduler
     spec = sched.speculation
     rng = np.random.default_rng(5)
@@ -296,12 +304,10 @@ def cuda_bench(args) -> None:
 
 
 def drafter_bench(args) -> None:
-    import torch
     from bench_gpu import export, make_checkpoint
 
     from flare.config import EngineConfig
     from flare.contract import GraphKind
-    from flare.engine.model import NativeModel
 
     cores = {}
     for shape in ("llama3-8b", "llama3.2-1b"):
@@ -309,12 +315,9 @@ def drafter_bench(args) -> None:
         cores[shape] = args.workdir / f"{shape}-core-64-512"
         make_checkpoint(ckpt, shape, args.tokenizer)
         export(ckpt, cores[shape], 4096, max_active=64, chunk=512)
-    t0 = time.perf_counter()
-    model = NativeModel.load(cores["llama3-8b"], EngineConfig(
+    model = load_timed(cores["llama3-8b"], EngineConfig(
         device="cuda", max_active=32, speculative="draft", draft_core=str(cores["llama3.2-1b"]),
-        speculative_depth=args.depth), progress=log)
-    RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
-    RESULTS["device"] = torch.cuda.get_device_name()
+        speculative_depth=args.depth))
     sched, drafter = model.runtime.scheduler, model.drafter
     spec = sched.speculation
     rng = np.random.default_rng(5)

@@ -92,7 +92,7 @@ def load_drafter(path: str | Path | Core, target: Core, config: EngineConfig, ma
     else:
         from ..execution.cpu import CpuExecutor
         executor = CpuExecutor(loaded.programs, name="flare-draft-executor")
-    return DraftProposer(loaded.contract, executor, target.recipe.vocab_size, identifier=draft.identifier)
+    return DraftProposer(loaded.contract, executor, target.recipe.vocab_size)
 
 
 class DraftProposer(Proposer):
@@ -101,10 +101,9 @@ class DraftProposer(Proposer):
     source = "draft"
     learned = True
 
-    def __init__(self, contract, executor, target_vocab: int, identifier: str = "draft"):
+    def __init__(self, contract, executor, target_vocab: int):
         self.contract = contract
         self.executor = executor
-        self.identifier = identifier
         self.target_vocab = target_vocab
         self.inputs = Inputs(contract)
         n = contract.max_active + 1
@@ -112,15 +111,17 @@ class DraftProposer(Proposer):
         self.pages: list[list[int]] = [[] for _ in range(n)]
         self.owner = np.zeros(n, np.int64)  # the target request whose history the slot's KV holds
         self.fed: list[np.ndarray] = [_EMPTY] * n  # tokens whose KV is written, by slot
-        self.last_used = np.zeros(n, np.int64)
+        self.last_used = np.zeros(n, np.int64)  # when each slot last drafted (for eviction), in _uses
+        self._uses = 0
         self._cache: dict[int, tuple[int, int, np.ndarray]] = {}  # slot -> (rid, num_out, drafts)
-        self.decode = {g.batch: g for g in contract.graphs if g.kind == GraphKind.DECODE and g.greedy}
+        self.decode = sorted((g for g in contract.graphs if g.kind == GraphKind.DECODE and g.greedy),
+                             key=lambda g: g.batch)
         self.prefill = sorted((g for g in contract.graphs if g.kind == GraphKind.PREFILL),
                               key=lambda g: (g.batch, g.tokens))
         self.short = min(g.tokens for g in self.prefill)  # catch-ups up to this share cohort steps
+        # rows of the widest cohort PREFILL graph at that capacity
+        self.cohort_rows = max(g.batch for g in self.prefill if g.tokens == self.short)
         self.cost_s: dict[tuple[int, int], float] = {}  # (decode batch capacity, depth) -> steady round seconds
-        self.rounds = 0
-        self.tokens_drafted = 0
         self.evictions = 0  # slots whose drafter KV was given up for another's
         self.failure: BaseException | None = None
 
@@ -205,8 +206,8 @@ class DraftProposer(Proposer):
         self.pages[slot].extend(new)
         self.inputs.admit_slot(slot, generation=int(req.rid), position=valid, seed=0, params=GREEDY)
         self.inputs.set_pages(slot, first, new)
-        self.rounds += 1
-        self.last_used[slot] = self.rounds
+        self._uses += 1
+        self.last_used[slot] = self._uses
         return slot, history, history[valid:]
 
     def _evict(self, need: int, keep: set[int]) -> bool:
@@ -226,7 +227,7 @@ class DraftProposer(Proposer):
         return len(self.free_pages) >= need
 
     def _decode_for(self, rows: int):
-        return self.decode[next(b for b in sorted(self.decode) if b >= rows)]
+        return next(g for g in self.decode if g.batch >= rows)
 
     def _run(self, rows: list, depth: int) -> list[np.ndarray]:
         """Greedy DECODE steps over every row: a row first consumes its catch-up tokens (their
@@ -250,7 +251,7 @@ class DraftProposer(Proposer):
 
         while remaining:
             short = [s for s, c in remaining.items() if len(c) <= self.short]
-            group = short[:self._cohort_rows(len(short))] or [next(iter(remaining))]
+            group = short[:self.cohort_rows] or [next(iter(remaining))]
             if short:  # several short catch-ups in one cohort step
                 g = self._prefill_graph(len(group), self.short)
                 pieces = [remaining.pop(s) for s in group]
@@ -280,7 +281,6 @@ class DraftProposer(Proposer):
             took = time.perf_counter() - started
             old = self.cost_s.get(key)
             self.cost_s[key] = took if old is None else COST_AGING * took + (1 - COST_AGING) * old
-        self.tokens_drafted += depth * len(slots)
         return [np.asarray(drafts[s], np.int64) for s in slots]
 
     def _collect(self, pending: list, drafts: dict) -> None:
@@ -298,11 +298,6 @@ class DraftProposer(Proposer):
             if int(rec[REC_SLOT]) != s:
                 raise ExecutionError(f"draft step {done.fence}: slot {s}'s record names slot {int(rec[REC_SLOT])}")
             drafts[s].append(int(rec[REC_TOKEN0]))
-
-    def _cohort_rows(self, n: int) -> int:
-        """Rows of the largest cohort PREFILL graph at the short capacity that ``n`` rows need."""
-        fits = [g.batch for g in self.prefill if g.tokens == self.short]
-        return min(n, max(fits))
 
     def _prefill_graph(self, rows: int, tokens: int):
         return next(g for g in self.prefill if g.batch >= rows and g.tokens >= tokens)

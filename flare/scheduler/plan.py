@@ -84,6 +84,11 @@ class RowArrays:
     def concat(cls, first: "RowArrays", second: "RowArrays") -> "RowArrays":
         return cls(*(np.concatenate([a, b]) for a, b in zip(first._columns(), second._columns())))
 
+    def with_num_tokens(self, num_tokens: np.ndarray) -> "RowArrays":
+        """The same rows consuming ``num_tokens`` positions each (the other columns shared)."""
+        return RowArrays(self.rids, self.slots, self.generations, self.epochs, self.starts, num_tokens, self.sample,
+                         self.snapshot)
+
     def _columns(self) -> tuple[np.ndarray, ...]:
         return (self.rids, self.slots, self.generations, self.epochs, self.starts, self.num_tokens, self.sample,
                 self.snapshot)

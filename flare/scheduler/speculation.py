@@ -266,23 +266,24 @@ class Speculation:
         if verdict == "probe":  # the drafter's round is the probe's cost as well
             self.probe_credit_s -= time.perf_counter() - started
         # pages past a request's reservation come from unreserved pages (as decode's do)
-        free, unreserved = s.num_free_pages, -1  # unreserved: counted when a row needs it
+        free, unreserved = s.num_free_pages, None  # unreserved: counted once a row needs one
         rows, drafts = [], []
         for slot, req, draft in zip(slots.tolist(), reqs, proposed):
             def shortfall(n: int) -> tuple[int, int]:
                 need = s.new_pages_needed(req, int(t.planned[slot]) + n + 1)
                 return need, max(0, need - req.page_budget)
 
-            need, over = shortfall(len(draft))
-            if over and unreserved < 0:
+            need, over = shortfall(len(draft))  # cutting drafts only shrinks both
+            if over and unreserved is None:
                 unreserved = s.unreserved_pages
-            while len(draft) and (need > free or over > unreserved > -1):  # fewer drafts when pages are short
+            while len(draft) and (need > free or (over and over > unreserved)):  # fewer drafts when pages are short
                 draft = draft[:-1]
                 need, over = shortfall(len(draft))
-            if need > free or over > unreserved > -1:
+            if need > free or (over and over > unreserved):
                 continue
             free -= need
-            unreserved -= over
+            if over:
+                unreserved -= over
             self.stats(req).saw_draft(len(draft) > 0)
             rows.append(slot)
             drafts.append(draft)
@@ -306,9 +307,7 @@ class Speculation:
             cut = tuple(d[:w - 1] for d in drafts)
             value = base + unit * sum(float(e[k]) for e, k in zip(expected, offered.tolist()))
             g = self.graphs[(b, w, greedy)]
-            width_cols = RowArrays(cols.rids, cols.slots, cols.generations, cols.epochs, cols.starts, 1 + offered,
-                                   cols.sample, cols.snapshot)
-            out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(width_cols, cut), value))
+            out.append((GraphKind.SPECULATIVE, g, SpeculativeRows(cols.with_num_tokens(1 + offered), cut), value))
         return out
 
     def prefers(self, cohort: np.ndarray, decode_graph: GraphSpec) -> bool:
@@ -399,14 +398,12 @@ class Speculation:
         width = cols.num_tokens
         bad = validate_verification(records, slots, cols.generations, step.consumed, step.generated, width)
         if bad >= 0:
-            i = bad
-            rec = records[slots[i]] if 0 <= slots[i] < len(records) else np.full(5, -1)
+            rec = records[slots[bad]] if 0 <= slots[bad] < len(records) else np.full(5, -1)
             raise CompletionError(
-                f"SPECULATIVE completion at fence {step.fence} for slot {int(slots[i])}: record "
+                f"SPECULATIVE completion at fence {step.fence} for slot {int(slots[bad])}: record "
                 f"{tuple(int(x) for x in rec[:5])} (slot, generation, consumed, generated, new); expected "
-                f"generation {int(cols.generations[i])}, new tokens 1..{int(width[i])}")
-        new = records[slots, REC_NEW_TOKENS]
-        return new
+                f"generation {int(cols.generations[bad])}, new tokens 1..{int(width[bad])}")
+        return records[slots, REC_NEW_TOKENS]
 
     def observe(self, req: "LiveRequest", offered: int, accepted: int, emitted: int) -> None:
         """A row's verification outcome: ``emitted`` of its new tokens were kept (fewer when the

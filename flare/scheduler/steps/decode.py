@@ -73,15 +73,14 @@ class Decode(StepKind):
         return float(value)
 
     @staticmethod
-    def plan_rows(view, slots: np.ndarray, num_tokens: np.ndarray | None = None) -> RowArrays:
-        """The rows of a cohort that each sample; ``num_tokens``: the positions each consumes
-        (1 for decode; a SPECULATIVE row's last token and drafts)."""
+    def plan_rows(view, slots: np.ndarray) -> RowArrays:
+        """The rows of a cohort, each consuming one position and sampling."""
         t = view.table
         n = len(slots)
         ones = np.ones(n, np.int64)
         return RowArrays(t.rid[slots].copy(), slots.astype(np.int64), t.generation[slots].copy(),
-                         t.epoch[slots].copy(), t.planned[slots].copy(),
-                         ones.copy() if num_tokens is None else num_tokens, ones, np.full(n, -1, np.int64))
+                         t.epoch[slots].copy(), t.planned[slots].copy(), ones, ones.copy(),
+                         np.full(n, -1, np.int64))
 
     def commit(self, view, plan: ScheduledPlan, fence: int, now: float) -> CommittedStep:
         """Column-wise commit: assign the pages new positions need, advance every row."""
