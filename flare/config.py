@@ -84,6 +84,8 @@ class ServerConfig:
     keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM/close, active responses get this long to finish
     log_level: str = "info"  # debug, info, warning, error or critical
+    log_requests: bool = True  # one info line per finished request (route family, status, tokens, times)
+    dashboard: bool = True  # the terminal dashboard, when stderr is a usable terminal (docs/dashboard.md)
     context_hint: str = ""  # appended to context-length errors: the setting that raises the limit
     capacity_hint: str = ""  # appended to 429/503 capacity errors: the setting that raises the limit
     generation_config: str = "model"  # request defaults: the core's generation values, or "none" (OpenAI's)

@@ -131,12 +131,12 @@ class NativeEngine:
 
     @classmethod
     def load(cls, core_path: str | Path, config: ServerConfig, progress=None) -> "NativeEngine":
-        def say(message: str) -> None:
-            if progress is not None:
-                progress.report("loading", message)  # which logs it (the server's startup progress)
-            else:
-                log.info("%s", message)
+        from ..progress import LineProgress, stage_reporter
 
+        # the server's startup progress logs each message; its measurable steps are bars on a
+        # terminal, else logged as they start and end (flare/progress.py)
+        say = stage_reporter(progress, "loading") if progress is not None else \
+            LineProgress(lambda message: log.info("%s", message))
         core = load_core(Path(core_path), progress=say)
         frontend = load_frontend(core, template_limits(config))
         if config.chat_template:
@@ -212,6 +212,18 @@ class NativeEngine:
         return replace(self.model.runtime.stats(), grammar_compiles=grammars.compiles,
                        grammar_compile_errors=grammars.compile_errors, grammar_cache_hits=grammars.cache_hits,
                        grammar_compile_seconds=grammars.compile_seconds, grammars_cached=grammars.cached)
+
+    def start_trace(self):
+        """Dashboard telemetry on: the runtime's CompletionTrace (flare/engine/trace.py)."""
+        return self.model.runtime.start_trace()
+
+    def stop_trace(self) -> None:
+        self.model.runtime.stop_trace()
+
+    @property
+    def graph_labels(self) -> tuple[tuple[str, str], ...]:
+        """(kind, label) of each captured graph, by graph index (the dashboard's scheduler pane)."""
+        return tuple((g.kind.name.lower(), g.label) for g in self.model.loaded.contract.graphs)
 
     def shed_queued(self, error) -> None:
         self.model.runtime.shed_queued(error)

@@ -60,7 +60,8 @@ from ..scheduler.scheduler import RequestScheduler
 from ..scheduler.speculation import SpeculationCounters
 from ..scheduler.steps import LAUNCH_NAMES
 from .output import StopText
-from .telemetry import PUBLISH_INTERVAL_S, EngineStats, RequestRow
+from .telemetry import PUBLISH_INTERVAL_S, EngineStats
+from .trace import CompletionTrace, RequestState
 
 log = logging.getLogger("flare.runtime")
 
@@ -94,6 +95,8 @@ class _Consumer:
     first_token_at: float | None = None
     grammar: Matcher | None = None  # structured output: the request's place in its grammar
     grammar_fence: int = 0  # the last submitted step that samples for it (its mask waits on that one)
+    bursts: int = 0  # steps whose output was published (the dashboard's Bursts)
+    last_output_ns: int = 0  # when output was last published (kept only while a dashboard traces)
 
 
 class RuntimeTicket:
@@ -149,6 +152,7 @@ class ModelRuntime:
         self._stats = EngineStats()
         self._terminals: list = []  # (consumer, terminal event) waiting for a statistics publish
         self._is_publishing = False
+        self.trace: CompletionTrace | None = None  # dashboard telemetry, only while one runs (engine/trace.py)
         self._publish_stats(force=True)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -217,6 +221,15 @@ class ModelRuntime:
         """The latest statistics the model thread published (any thread)."""
         return self._stats
 
+    def start_trace(self) -> CompletionTrace:
+        """Begin dashboard telemetry (any thread); the model thread writes it from its next turn."""
+        if self.trace is None:
+            self.trace = CompletionTrace()
+        return self.trace
+
+    def stop_trace(self) -> None:
+        self.trace = None
+
     def _publish_stats(self, force: bool = False) -> None:
         """Build a new EngineStats (model thread), at most every PUBLISH_INTERVAL_S unless forced."""
         now = time.monotonic()
@@ -226,11 +239,6 @@ class ModelRuntime:
         s = self.scheduler
         c = s.cache.counters()
         counters = self.counters
-        table = s.table
-        rows = tuple(RequestRow(req.rid, req.slot, int(table.generation[req.slot]), req.phase.name.lower(),
-                                req.prompt_len, req.reused, int(table.planned[req.slot]),
-                                int(table.num_out[req.slot]))
-                     for req in s.live.values() if req.slot)
         sc = s.speculation.counters if s.speculation is not None else _NO_SPECULATION
         self._stats = EngineStats(
             speculative_verification_steps=sc.verification_steps, speculative_drafter_steps=sc.drafter_steps,
@@ -249,7 +257,25 @@ class ModelRuntime:
             requests_pending=s.num_queued + len(self._ingress), grammar_steps=counters.grammar_steps,
             grammar_held_steps=counters.grammar_held_steps, requests_preempted=s.num_preemptions,
             preempted_restored=s.num_preempt_restored, preempted_recomputed=s.num_preempt_recomputed,
-            launches={LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()}, requests=rows)
+            launches={LAUNCH_NAMES[kind]: count for kind, count in s.launches.items()})
+
+    def _request_states(self) -> tuple[RequestState, ...]:
+        """Every request holding a slot, for the dashboard's request-state sample."""
+        s = self.scheduler
+        table, client = s.table, s.client_rid
+        states = []
+        for req in s.live.values():
+            slot = req.slot
+            if not slot:
+                continue
+            consumer = self._consumers.get(client(req.rid))
+            arrival, last, bursts = ((int(consumer.arrival * 1e9), consumer.last_output_ns, consumer.bursts)
+                                     if consumer is not None else (0, 0, 0))
+            states.append(RequestState(slot, int(table.generation[slot]), req.phase.name.lower(),
+                                       min(int(table.consumed[slot]), req.prompt_len), req.prompt_len,
+                                       int(table.generated[slot]), arrival,
+                                       int(table.last_progress[slot] * 1e9), last, bursts))
+        return tuple(states)
 
     # -- model thread -----------------------------------------------------------
 
@@ -278,6 +304,9 @@ class ModelRuntime:
                 self._ingress.clear()
                 cancels = list(self._cancels)
                 self._cancels.clear()
+            trace = self.trace
+            if trace is not None and trace.wants_sample:
+                trace.publish_sample(self._request_states())
             for consumer in cancels:  # first: their capacity went to later arrivals
                 self._cancel(consumer)
             for consumer in arrivals:
@@ -331,6 +360,9 @@ class ModelRuntime:
                 self.inputs.set_grammar_masks([slot for slot, _ in ready], [c.grammar.mask for _, c in ready])
             step = sched.commit(plan, ex.next_fence)
             fence = ex.submit(plan.graph_index, pack_step(self.inputs, step), grammar_constrained=bool(waiting))
+            trace = self.trace
+            if trace is not None:
+                trace.last_submitted = (plan.graph_index, plan.estimate_ns)
             for _, consumer in constrained:
                 consumer.grammar_fence = fence
             if waiting:
@@ -439,7 +471,11 @@ class ModelRuntime:
     def _complete(self, done: ExecutionCompletion, closing: bool) -> None:
         if done.error is not None:
             raise done.error
+        trace = self.trace
+        traced = self.scheduler.inflight[0].cols if trace is not None and self.scheduler.inflight else None
         result = self.scheduler.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+        if traced is not None:
+            trace.record(done.graph_index, done.duration_ns, traced.slots, traced.generations)
         self.counters.device_busy_ns += done.duration_ns
         # The next masks come first: the held step (and the one that refills the window) may
         # sample these requests.
@@ -512,6 +548,9 @@ class ModelRuntime:
         text = "".join(texts)
         if text or visible:
             consumer.sink(TokenEvent(tuple(visible), text, tuple(logprobs) if logprobs is not None else None))
+            consumer.bursts += 1
+            if self.trace is not None:
+                consumer.last_output_ns = time.monotonic_ns()
         if stop is not None:
             self.scheduler.finish(consumer.rid, "stop")
             self._finish(consumer, "stop", stop)

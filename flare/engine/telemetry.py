@@ -1,8 +1,7 @@
 """Typed engine telemetry: the one place engine statistics are named.
 
 :class:`EngineStats` is what an engine publishes: counters (monotonic since
-start), gauges (a value now), successful graph launches by kind, and one
-:class:`RequestRow` per live request. /metrics, ``ServingSession.snapshot``,
+start), gauges (a value now) and successful graph launches by kind. /metrics, ``ServingSession.snapshot``,
 the fake engine and docs/metrics.md all derive from its fields: each field's
 metadata carries its Prometheus type and help text, and a test checks the
 document against them.
@@ -11,6 +10,7 @@ The real runtime's model thread builds a new EngineStats after a turn that
 changed something (at most every :data:`PUBLISH_INTERVAL_S`, and always before
 it goes idle or stops), and readers on any thread take the latest one: a plain
 attribute read of an immutable value, never scheduler state mid-update.
+The dashboard's per-completion and per-request telemetry is engine/trace.py's.
 """
 
 from __future__ import annotations
@@ -28,20 +28,6 @@ GRAPH_KINDS = ("initialize", "restore", "snapshot", "vision", "prefill", "scored
 
 def _stat(kind: str, help_text: str):
     return field(default=0, metadata={"kind": kind, "help": help_text})
-
-
-@dataclass(frozen=True)
-class RequestRow:
-    """One live request as the model thread last saw it (for dashboards, not metrics)."""
-
-    rid: int
-    slot: int
-    generation: int
-    phase: str  # the scheduler phase's name, lower case (prefilling, decoding, ...)
-    prompt_tokens: int
-    reused_tokens: int
-    planned_positions: int  # prompt and output positions committed so far
-    output_tokens: int
 
 
 @dataclass(frozen=True)
@@ -101,7 +87,6 @@ class EngineStats:
     speculative_depth: float = _stat(GAUGE, "DEPTH: allocated draft positions per progressing generation request "
                                             "round, zero-draft rounds included.")
     launches: Mapping[str, int] = field(default_factory=dict)  # successful graph launches by kind name
-    requests: tuple[RequestRow, ...] = ()  # live requests, for dashboards
 
 
 def stat_fields(kind: str | None = None) -> Iterator[tuple[str, str, str]]:

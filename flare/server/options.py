@@ -67,6 +67,13 @@ _SWITCHES = (
 )
 
 
+# On/off pairs: --NAME and --no-NAME.
+_TOGGLES = (
+    ("--log-requests", "log_requests", "log one line per finished request (no prompt text)"),
+    ("--dashboard", "dashboard", "show the terminal dashboard when stderr is a terminal (plain logs otherwise)"),
+)
+
+
 def _parser_check(name: str, kind: str) -> tuple[bool, str]:
     from ..frontend.parsers import parser_names
 
@@ -97,6 +104,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                            help=f"{help_text} (default: {_default(name)!r})")
     for flag, name, help_text in _SWITCHES:
         group.add_argument(flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=help_text)
+    for flag, name, help_text in _TOGGLES:
+        group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                           help=f"{help_text} (default: {'on' if _default(name) else 'off'})")
     group.add_argument("--served-name", dest="served_names", action="append", default=argparse.SUPPRESS,
                        metavar="NAME", help="a model name clients may use; repeatable; the first is the "
                                             "id in /v1/models (default: the checkpoint identifier)")

@@ -70,12 +70,17 @@ class StartupProgress:
 
     The engine factory reports through :meth:`report`; embedders poll
     :attr:`observed`; ``on_stage`` (optional) sees each report, e.g. to log it.
+    A measurable step's fraction updates :attr:`observed` through :meth:`observe`,
+    which ``on_stage`` does not see; with ``bars`` the engine draws such steps as
+    progress bars (flare/progress.py's ``stage_reporter``) instead of reporting
+    their start and end.
     """
 
-    def __init__(self, on_stage: Callable[[StartupStage], None] | None = None):
+    def __init__(self, on_stage: Callable[[StartupStage], None] | None = None, *, bars: bool = False):
         self._lock = threading.Lock()
         self._observed: StartupStage | None = None
         self._on_stage = on_stage
+        self.bars = bars
 
     def report(self, stage: str, detail: str = "", fraction: float | None = None) -> None:
         value = StartupStage(stage, detail, fraction, time.monotonic())
@@ -83,6 +88,12 @@ class StartupProgress:
             self._observed = value
         if self._on_stage is not None:
             self._on_stage(value)
+
+    def observe(self, stage: str, detail: str = "", fraction: float | None = None) -> None:
+        """Update :attr:`observed` without calling ``on_stage``."""
+        value = StartupStage(stage, detail, fraction, time.monotonic())
+        with self._lock:
+            self._observed = value
 
     @property
     def observed(self) -> StartupStage | None:
@@ -402,6 +413,19 @@ def _notify_systemd(message: bytes) -> None:
         log.warning("could not notify systemd: %s", exc)
 
 
+def start_dashboard(engine: Engine, config: ServerConfig, url: str):
+    """The terminal dashboard, when asked for (the default) and stderr is a usable terminal."""
+    if not config.dashboard:
+        return None
+    from .. import __version__
+    from ..dashboard.app import Dashboard, usable_terminal
+
+    if not usable_terminal(sys.stderr):
+        return None
+    title = f"Flare {__version__} \u00b7 {engine.card.identifier} \u00b7 {url}"
+    return Dashboard(engine, title=title, speculative=config.engine.speculative != "none").start()
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -414,10 +438,14 @@ def serve(engine_factory: EngineFactory, config: ServerConfig, *, progress: Star
     could not be loaded, or the address could not be bound. A second signal
     skips the rest of the grace period.
     """
+    from ..progress import usable_terminal
+
     configure_logging(config.log_level)
-    # each startup step logged once: the loading steps as they are, the others with their stage
+    # each startup step logged once: the loading steps as they are, the others with their stage;
+    # the long ones drawn as progress bars when stderr is a terminal
     progress = progress or StartupProgress(
-        lambda s: log.info("%s", s.detail) if s.stage == "loading" else log.info("%s: %s", s.stage, s.detail))
+        lambda s: log.info("%s", s.detail) if s.stage == "loading" else log.info("%s: %s", s.stage, s.detail),
+        bars=usable_terminal(sys.stderr))
     return uvloop.run(_serve(engine_factory, config, progress))
 
 
@@ -457,9 +485,14 @@ async def _serve(engine_factory: EngineFactory, config: ServerConfig, progress: 
         # NOTE: tests and scripts parse this line to find an ephemeral port.
         print(f"Flare listening on http://{host}:{port}", file=sys.stderr, flush=True)
         _notify_systemd(b"READY=1\nSTATUS=serving")
+        dashboard = start_dashboard(engine, config, f"http://{host}:{port}")
         stop_waiter = loop.create_task(stop.wait())
         failure_waiter = loop.create_task(server.stopped.wait())
-        await asyncio.wait({stop_waiter, failure_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({stop_waiter, failure_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if dashboard is not None:
+                dashboard.stop()  # the shutdown's lines go to the terminal as plain logs
         stop_waiter.cancel()
         failure_waiter.cancel()
         _notify_systemd(b"STOPPING=1")
