@@ -93,37 +93,45 @@ def _graphs(rows: Sequence[GraphRow], width: int) -> Table:
     return table
 
 
-def _history(cells: str) -> Text:
+def _history(text: Text, cells: str) -> None:
+    """Append the marks, one span per run of equal marks."""
+    start = 0
+    for i in range(1, len(cells) + 1):
+        if i == len(cells) or cells[i] != cells[start]:
+            text.append(cells[start:i], style=MARK_STYLES.get(cells[start], "blue"))
+            start = i
+
+
+# Request columns: (header, width, right-aligned). Drawn as preformatted lines, not a rich Table:
+# a table's layout costs about 0.5 ms a row, and the display thread shares the GIL with the
+# model thread.
+_NARROW = (("Request", 9, False), ("Phase", 13, False), ("Gap ms", 7, True))
+_WIDE = _NARROW + (("Prompt", 11, True), ("Output", 7, True), ("Out ms", 7, True), ("Bursts", 7, True))
+
+
+def _requests(rows: Sequence[RequestView], view: View, limit: int, cells: int) -> tuple[Text, str]:
+    columns = _WIDE if view.width >= WIDE else _NARROW
+
+    def line(values: Sequence[str]) -> str:
+        return " ".join(v.rjust(w) if right else v.ljust(w) for v, (_, w, right) in zip(values, columns))
+
     text = Text()
-    for mark in cells:
-        text.append(mark, style=MARK_STYLES.get(mark, "blue"))
-    return text
-
-
-def _requests(rows: Sequence[RequestView], view: View, limit: int, cells: int) -> tuple[Table, str]:
-    wide = view.width >= WIDE
-    table = Table(box=None, padding=(0, 1), header_style="bold", expand=False)
-    table.add_column("Request", no_wrap=True)
-    table.add_column("Phase", no_wrap=True)
-    table.add_column("Gap ms", justify="right")
-    if wide:
-        table.add_column("Prompt", justify="right")
-        table.add_column("Output", justify="right")
-        table.add_column("Out ms", justify="right")
-        table.add_column("Bursts", justify="right")
-    table.add_column(f"History {HISTORY_S:.0f} s", no_wrap=True)
+    text.append(line([c[0] for c in columns]) + f" History {HISTORY_S:.0f} s", style="bold")
     start = max(0, min(view.scroll, len(rows) - limit)) if rows else 0
     shown = rows[start:start + limit]
+    wide = columns is _WIDE
     for r in shown:
-        cells_row: list = [r.label, r.phase, _ms(r.gap_ms)]
+        values = [r.label, r.phase, _ms(r.gap_ms)]
         if wide:
-            cells_row += [r.prompt, r.output, _ms(r.out_ms), r.bursts]
-        cells_row.append(_history(r.cells))
-        table.add_row(*cells_row)
+            values += [r.prompt, r.output, _ms(r.out_ms), r.bursts]
+        text.append("\n" + line(values) + " ")
+        _history(text, r.cells)
     if not rows:
-        table.add_row(Text("no requests", style="dim"), *[""] * (len(table.columns) - 1))
+        text.append("\nno requests", style="dim")
+    text.no_wrap = True
+    text.overflow = "crop"
     where = f"requests {start + 1}-{start + len(shown)} of {len(rows)}" if rows else "requests 0"
-    return table, where
+    return text, where
 
 
 def history_cells(width: int) -> int:
