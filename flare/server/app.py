@@ -31,6 +31,7 @@ from ..frontend.parsers import served
 from ..request import GenerationDefaults
 from .admission import FrontendPool, HttpAdmission
 from .api.openai.errors import error_response as openai_error_response
+from .generation import log_request
 from .metrics import ServerMetrics
 from .protocol import HttpConnection, HttpRequest, ProtocolLimits
 from .response import Response
@@ -144,14 +145,15 @@ class ServerState:
 class Route:
     """A handler, what must happen before its body is read, and its family's error shape."""
 
-    __slots__ = ("handler", "needs_auth", "is_generation", "errors")
+    __slots__ = ("handler", "needs_auth", "is_generation", "errors", "name")
 
     def __init__(self, handler: Handler, needs_auth: bool, is_generation: bool,
-                 errors: ErrorRenderer = DEFAULT_ERRORS):
+                 errors: ErrorRenderer = DEFAULT_ERRORS, name: str | None = None):
         self.handler = handler
         self.needs_auth = needs_auth
         self.is_generation = is_generation  # takes an HTTP admission permit
         self.errors = errors
+        self.name = name  # a generation route's name in request log lines ("openai.chat"), None: not logged
 
 
 class Router:
@@ -162,8 +164,8 @@ class Router:
         self._prefixes: list[tuple[str, dict[str, Route]]] = []
 
     def add(self, method: str, path: str, handler: Handler, *, auth: bool = True, generation: bool = False,
-            errors: ErrorRenderer = DEFAULT_ERRORS) -> None:
-        self._exact.setdefault(path, {})[method] = Route(handler, auth, generation, errors)
+            errors: ErrorRenderer = DEFAULT_ERRORS, name: str | None = None) -> None:
+        self._exact.setdefault(path, {})[method] = Route(handler, auth, generation, errors, name)
 
     def add_prefix(self, method: str, prefix: str, handler: Handler, *, auth: bool = True,
                    errors: ErrorRenderer = DEFAULT_ERRORS) -> None:
@@ -212,6 +214,7 @@ class Application:
         request.route = route
         request.params = {"tail": tail} if tail is not None else None
         if route.needs_auth and self._api_key is not None and not self._is_authorized(request):
+            self._log_refused(request, 401, "invalid_api_key")
             return self._count(route.errors(401, "missing or invalid bearer token (Authorization: Bearer KEY, "
                                                  "or x-api-key: KEY)",
                                             code="invalid_api_key", headers=((b"www-authenticate", b"Bearer"),)))
@@ -220,11 +223,13 @@ class Application:
             if state.is_draining or state.admission.is_paused:
                 reason = "the server is shutting down" if state.is_draining else "admission is paused"
                 state.admission.num_refused_paused += 1
+                self._log_refused(request, 503, "admission_paused")
                 return self._count(route.errors(503, f"{reason}; not accepting generation requests",
                                                 code="admission_paused", headers=((b"retry-after", b"1"),)))
             permit = state.admission.try_acquire()
             if permit is None:
                 admission = state.admission
+                self._log_refused(request, 429, "http_capacity_exhausted")
                 return self._count(state.error_for(Error(
                     f"HTTP admission capacity exhausted: {admission.num_in_use} of {admission.capacity} requests "
                     f"in progress (queue_capacity + max_active)", status=429, code="http_capacity_exhausted"),
@@ -249,16 +254,18 @@ class Application:
         try:
             result = route.handler(request, conn)
         except Error as exc:
+            self._log_refused(request, exc.status, exc.code)
             return self._count(self.state.error_for(exc, route.errors))
         if type(result) is Response:
             return self._count(result)
-        return self._finish_async(result, route.errors)
+        return self._finish_async(request, result)
 
-    async def _finish_async(self, pending: Awaitable[Response | None], errors: ErrorRenderer) -> Response | None:
+    async def _finish_async(self, request: HttpRequest, pending: Awaitable[Response | None]) -> Response | None:
         try:
             response = await pending
-        except Error as exc:
-            response = self.state.error_for(exc, errors)
+        except Error as exc:  # raised before generate(), which answers (and logs) its own errors
+            self._log_refused(request, exc.status, exc.code)
+            response = self.state.error_for(exc, request.route.errors)
         if response is not None:
             self._count(response)
         return response
@@ -285,7 +292,15 @@ class Application:
             route, _, _ = self.router.resolve(*target)
             if route is not None:
                 errors = route.errors
+                if route.name is not None and self.state.config.log_requests:
+                    log_request(route.name, status, None, error=f"http_{status}")
         return self._count(errors(status, message, code=f"http_{status}"))
+
+    def _log_refused(self, request: HttpRequest, status: int, code: str) -> None:
+        """The log line of a generation request answered before generate() (server/generation.py)."""
+        name = request.route.name
+        if name is not None and self.state.config.log_requests:
+            log_request(name, status, request.received_at, error=code)
 
     def _count(self, response: Response) -> Response:
         self.state.metrics.count_response(response.status)

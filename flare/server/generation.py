@@ -14,7 +14,9 @@ settings, builds a :class:`GenerationFormat` for the request, and calls
    :class:`ActiveGeneration` so that shutdown can end it, with a disconnect
    callback that cancels the ticket;
 6. collect one JSON body, or stream SSE with backpressure, observing TTFT,
-   inter-token and end-to-end latency.
+   inter-token and end-to-end latency;
+7. log one line for the request on ``flare.requests`` (when ``log_requests`` is
+   on; see :func:`log_request`), however it ended.
 
 Output text goes through the request's output parser (frontend/parsers) and
 reaches the format as typed deltas. The SSE hot path keeps its per-token cost:
@@ -25,6 +27,7 @@ that arrived together is written with one ``transport.write``.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from functools import partial
@@ -42,6 +45,8 @@ from .tool_calls import PLAIN_OUTPUT, OutputPlan
 
 if TYPE_CHECKING:  # NOTE: app.py imports the families, which import this module
     from .app import ErrorRenderer, ServerState
+
+request_log = logging.getLogger("flare.requests")
 
 
 class ActiveGeneration:
@@ -152,11 +157,39 @@ async def generate(state: "ServerState", request: HttpRequest, conn: HttpConnect
 
     ``prepare`` runs on a frontend worker; ``resolve`` turns the prompt length into
     sampling parameters; ``output`` says how the output is parsed and carries the
-    grammar of a forced tool call (server/tool_calls.py).
+    grammar of a forced tool call (server/tool_calls.py). A typed error raised here
+    (400 context or grammar, 503 draining or capacity) is answered here, in the
+    format's shape, so that the request's log line knows its prompt length.
     """
+    timing = Timing(state, request)
+    try:
+        response = await _generate(state, conn, fmt, prepare, resolve, stream, output, timing)
+    except Error as exc:
+        timing.error = exc
+        response = state.error_for(exc, fmt.errors)
+    except Exception:  # a bug: the protocol answers 500, or cuts a stream that had started
+        if state.config.log_requests:
+            timing.error = Error("internal error")
+            timing.log(request, 200 if timing.is_streaming else 500)
+        raise
+    if state.config.log_requests:
+        if timing.is_streaming and (timing.finish is not None or timing.error is not None):
+            status: int | str = 200  # a stream that ran to its end (its error, if any, was its terminal event)
+        elif response is not None and not timing.is_streaming:
+            status = response.status
+        else:
+            status = "disconnected"  # the client left before the request ended
+        timing.log(request, status)
+    return response
+
+
+async def _generate(state: "ServerState", conn: HttpConnection, fmt: GenerationFormat,
+                    prepare: Callable[[], PreparedPrompt], resolve: SamplingResolver, stream: bool,
+                    output: OutputPlan, timing: "Timing") -> Response | None:
     prompt = await state.frontend.run(prepare)
     if conn.is_lost:
         return None  # the client left while its prompt was prepared
+    timing.prompt_len = len(prompt)
     params = resolve(len(prompt), state.engine.context_len, state.config.context_hint)
     if output.grammar is not None:  # tool_choice required or named: the call's syntax is enforced
         params = replace(params, grammar=output.grammar)
@@ -181,8 +214,8 @@ async def generate(state: "ServerState", request: HttpRequest, conn: HttpConnect
     conn.add_disconnect_callback(on_disconnect)
     try:
         if stream:
-            return await _stream(state, request, conn, events, fmt, output_parser)
-        return await _collect(state, request, conn, events, fmt, output_parser, params)
+            return await _stream(state, conn, events, fmt, output_parser, timing)
+        return await _collect(state, conn, events, fmt, output_parser, params, timing)
     finally:
         state.generations.discard(active)
         if not events.is_terminal_received:
@@ -191,15 +224,20 @@ async def generate(state: "ServerState", request: HttpRequest, conn: HttpConnect
 
 
 class Timing:
-    """TTFT, inter-token and end-to-end latency for one request."""
+    """TTFT, inter-token and end-to-end latency for one request, and how it ended (its log line)."""
 
-    __slots__ = ("metrics", "start", "last")
+    __slots__ = ("metrics", "start", "last", "first", "prompt_len", "finish", "error", "is_streaming")
 
     def __init__(self, state: "ServerState", request: HttpRequest):
         self.metrics = state.metrics
         # received_at is the protocol's clock (monotonic by default).
         self.start = request.received_at
         self.last = 0.0
+        self.first = 0.0  # when its first token was delivered (0: none yet)
+        self.prompt_len: int | None = None  # once prepared
+        self.finish: FinishEvent | None = None  # its terminal event, when it finished
+        self.error: Error | None = None  # or the error it ended with
+        self.is_streaming = False  # the stream's head (status 200) was sent
 
     def on_tokens(self, now: float, num_events: int = 1) -> None:
         """``num_events`` token events delivered together at ``now``."""
@@ -207,6 +245,7 @@ class Timing:
             self.metrics.inter_token.observe(now - self.last)
         else:
             self.metrics.ttft.observe(now - self.start)
+            self.first = now
         if num_events > 1:
             # Delivered in one write: the client sees no gap between them.
             self.metrics.inter_token.observe_zero(num_events - 1)
@@ -215,10 +254,49 @@ class Timing:
     def on_end(self, now: float) -> None:
         self.metrics.e2e.observe(now - self.start)
 
+    def log(self, request: HttpRequest, status: int | str) -> None:
+        """The request's log line (log_request), from what it saw."""
+        finish, error = self.finish, self.error
+        usage = finish.usage if finish is not None else None
+        log_request(route_name(request), status, self.start, ttft=self.first - self.start if self.first else None,
+                    prompt=usage.prompt_tokens if usage is not None else self.prompt_len, usage=usage,
+                    finish=finish.reason if finish is not None else None,
+                    error=error.code if error is not None else None)
 
-async def _collect(state: "ServerState", request: HttpRequest, conn: HttpConnection, events: EventStream,
-                   fmt: GenerationFormat, parser: parsers.OutputParser, params: SamplingParams) -> Response | None:
-    timing = Timing(state, request)
+
+def route_name(request: HttpRequest) -> str:
+    """The route's name in request log lines (``openai.chat``...), else the request's path."""
+    return getattr(request.route, "name", None) or request.path
+
+
+def log_request(route: str, status: int | str, start: float | None, *, ttft: float | None = None,
+                prompt: int | None = None, usage: Usage | None = None, finish: str | None = None,
+                error: str | None = None) -> None:
+    """One request's line on ``flare.requests`` (info), documented in docs/serving.md:
+
+    ``request ROUTE STATUS prompt=N cached=N output=N ttft=MSms duration=Ss finish=REASON[ error=CODE]``
+
+    ``STATUS`` is the HTTP status sent, or ``disconnected`` for a client that left before
+    the request ended; ``finish`` is the engine's reason (stop, length), else ``error`` when
+    ``error`` (a code) is given, else ``-``; a value not known is ``-``. No prompt or output
+    text, ever. ``start`` is the request's arrival (``time.monotonic()``), None when not known.
+    """
+    if finish is None:
+        finish = "-" if error is None else "error"
+
+    def count(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    line = (f"request {route} {status} prompt={count(prompt)} "
+            f"cached={count(usage.cached_tokens if usage is not None else None)} "
+            f"output={count(usage.completion_tokens if usage is not None else None)} "
+            f"ttft={'-' if ttft is None else f'{ttft * 1000:.0f}ms'} "
+            f"duration={'-' if start is None else f'{time.monotonic() - start:.3f}s'} finish={finish}")
+    request_log.info(line if error is None else f"{line} error={error}")
+
+
+async def _collect(state: "ServerState", conn: HttpConnection, events: EventStream, fmt: GenerationFormat,
+                   parser: parsers.OutputParser, params: SamplingParams, timing: Timing) -> Response | None:
     assembler = OutputAssembler()
     logprobs: list[TokenLogprob] = []
     while True:
@@ -236,26 +314,29 @@ async def _collect(state: "ServerState", request: HttpRequest, conn: HttpConnect
                     logprobs.extend(event.logprobs)
             elif isinstance(event, FinishEvent):
                 timing.on_end(now)
+                timing.finish = event
                 assembler.add(parser.finish())
                 result = assembler.result()
                 state.metrics.num_tool_calls += len(result.tool_calls)
                 return Response.json(200, fmt.whole(result, logprobs if params.logprobs else None, event))
             elif isinstance(event, ErrorEvent):
                 timing.on_end(now)
-                return state.error_for(as_error(event.error), fmt.errors)
+                timing.error = as_error(event.error)
+                return state.error_for(timing.error, fmt.errors)
 
 
-async def _stream(state: "ServerState", request: HttpRequest, conn: HttpConnection, events: EventStream,
-                  fmt: GenerationFormat, parser: parsers.OutputParser) -> Response | None:
-    timing = Timing(state, request)
+async def _stream(state: "ServerState", conn: HttpConnection, events: EventStream, fmt: GenerationFormat,
+                  parser: parsers.OutputParser, timing: Timing) -> Response | None:
     first = await events.next_batch()
     if not first:
         return None
     if isinstance(first[0], ErrorEvent):
         # Nothing was sent yet: the failure can still have its own status.
         timing.on_end(time.monotonic())
-        return state.error_for(as_error(first[0].error), fmt.errors)
+        timing.error = as_error(first[0].error)
+        return state.error_for(timing.error, fmt.errors)
     conn.start_stream(content_type=fmt.media_type)
+    timing.is_streaming = True
     state.metrics.count_response(200)
     conn.write(fmt.opening())
 
@@ -295,6 +376,7 @@ async def _stream(state: "ServerState", request: HttpRequest, conn: HttpConnecti
                 out.append(delta_chunk(deltas, event.logprobs))
             elif isinstance(event, FinishEvent):
                 timing.on_end(time.monotonic())
+                timing.finish = event
                 if feed is not None:
                     held = parser.finish()
                     count_calls(held)
@@ -305,7 +387,8 @@ async def _stream(state: "ServerState", request: HttpRequest, conn: HttpConnecti
                 out.append(fmt.end_of_stream)
             elif isinstance(event, ErrorEvent):
                 timing.on_end(time.monotonic())
-                out.append(fmt.error_event(state.error_for(as_error(event.error), fmt.errors)))
+                timing.error = as_error(event.error)
+                out.append(fmt.error_event(state.error_for(timing.error, fmt.errors)))
         if num_tokens:
             timing.on_tokens(time.monotonic(), num_tokens)
         write(b"".join(out))

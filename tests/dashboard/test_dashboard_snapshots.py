@@ -95,3 +95,12 @@ def test_scroll_moves_the_request_rows():
     text = console.export_text()
     assert "requests 3-" in text and f"of {len(rows)}" in text
     assert rows[0].label not in [line.split()[0] for line in text.splitlines() if line.strip()]
+
+
+def test_speculative_figures_show_once_speculation_exists():
+    state, now = from_json(RECORDED)
+    assert "DEPTH" not in render(state, now, "overview", 120)
+    state.speculative = True  # served with --speculative copy|draft
+    text = render(state, now, "overview", 120)
+    for figure in ("drafter steps", "verification steps", "acceptance length", "DEPTH"):
+        assert figure in text

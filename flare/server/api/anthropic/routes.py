@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def install(router: "Router", state: "ServerState") -> None:
     """Add the Anthropic routes to ``router`` (after the OpenAI family: see _share_models)."""
     router.add("POST", "/v1/messages", lambda request, conn: messages(state, request, conn), generation=True,
-               errors=error_response)
+               errors=error_response, name="anthropic.messages")
     router.add("POST", "/v1/messages/count_tokens", lambda request, conn: count_tokens(state, request, conn),
                generation=True, errors=error_response)
     _share_models(router, state)

@@ -42,9 +42,9 @@ def install(router: "Router", state: "ServerState") -> None:
     router.add("GET", "/api/version", lambda request, conn: version, errors=error_response)
     router.add("POST", "/api/show", lambda request, conn: show(state, request), errors=error_response)
     router.add("POST", "/api/chat", lambda request, conn: chat(state, request, conn), generation=True,
-               errors=error_response)
+               errors=error_response, name="ollama.chat")
     router.add("POST", "/api/generate", lambda request, conn: generate_route(state, request, conn),
-               generation=True, errors=error_response)
+               generation=True, errors=error_response, name="ollama.generate")
 
 
 def _json_body(state: "ServerState", request: HttpRequest) -> Any:

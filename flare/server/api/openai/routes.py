@@ -31,9 +31,9 @@ def install(router: "Router", state: "ServerState") -> None:
     router.add_prefix("GET", "/v1/models/", lambda request, conn: get_model(state, request.params["tail"]),
                       errors=error_response)
     router.add("POST", "/v1/chat/completions", lambda request, conn: chat_completions(state, request, conn),
-               generation=True, errors=error_response)
+               generation=True, errors=error_response, name="openai.chat")
     router.add("POST", "/v1/completions", lambda request, conn: completions(state, request, conn), generation=True,
-               errors=error_response)
+               errors=error_response, name="openai.completions")
     # vLLM's tokenizer routes; they share the frontend workers, so they take admission permits too.
     router.add("POST", "/tokenize", lambda request, conn: tokenize(state, request, conn), generation=True,
                errors=error_response)

@@ -36,7 +36,7 @@ def install(router: "Router", state: "ServerState") -> None:
     store = ResponseStore()
     state.metrics.registry.register(StoreCollector(store))
     router.add("POST", "/v1/responses", lambda request, conn: create(state, store, request, conn), generation=True,
-               errors=error_response)
+               errors=error_response, name="responses")
     router.add_prefix("GET", PREFIX, lambda request, conn: retrieve(store, request), errors=error_response)
     router.add_prefix("DELETE", PREFIX, lambda request, conn: delete(store, request), errors=error_response)
 
