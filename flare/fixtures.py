@@ -19,22 +19,27 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import zipfile
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import IO, Iterator
 
 from .digest import sha256_file
 from .errors import Error
+from .progress import Advance, Progress, reporter
 
-Progress = Callable[[str], None]
+# pip's --progress-bar raw: "Progress CURRENT of TOTAL" on stdout (TOTAL 0 when unknown)
+_PIP_PROGRESS = re.compile(r"Progress (\d+) of (\d+)\s*$")
 
 
 class FixtureError(Error):
@@ -80,17 +85,41 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _run_pip(cmd: list[str], advance: Advance) -> tuple[int, str]:
+    """Run pip, following its raw progress lines; (exit status, its other output)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    errors: list[str] = []
+    drain = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+    drain.start()
+    output = []
+    for line in proc.stdout:
+        if match := _PIP_PROGRESS.match(line):
+            advance.update(completed=int(match[1]), total=int(match[2]) or None)
+        else:
+            output.append(line)
+    status = proc.wait()
+    drain.join()
+    return status, "".join(errors) or "".join(output)
+
+
 def pip_download(requirement: str, dest: Path, *, sdist: bool, progress: Progress) -> None:
-    """Fetch one pinned distribution without its dependencies."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--progress-bar", "off", "-d", str(dest), requirement]
-    cmd[5:5] = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
-    progress(f"downloading {requirement} from the package index")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-        raise FixtureError(
-            f"could not download {requirement} with pip (is the package index reachable?): {tail}")
+    """Fetch one pinned distribution without its dependencies. pip reports the bytes it
+    fetches (``--progress-bar raw``, pip 24.1 and later) unless it serves the file from
+    its cache; the task's size is the file's in the end."""
+    with reporter(progress).task(f"downloading {requirement} from the package index") as advance:
+        for bar in ("raw", "off"):  # an older pip refuses "raw"
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                   "--progress-bar", bar, "-d", str(dest), requirement]
+            cmd[5:5] = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+            status, output = _run_pip(cmd, advance)
+            if not (status == 2 and "invalid choice: 'raw'" in output):
+                break
+        if status != 0:
+            tail = "\n".join(output.strip().splitlines()[-6:])
+            raise FixtureError(
+                f"could not download {requirement} with pip (is the package index reachable?): {tail}")
+        size = sum(p.stat().st_size for p in dest.iterdir() if p.is_file())
+        advance.update(completed=size, total=size)
 
 
 def _package_complete(package: dict, root: Path) -> bool:
@@ -98,35 +127,45 @@ def _package_complete(package: dict, root: Path) -> bool:
     return marker.exists() and all((root / m["dest"]).exists() for m in package["members"].values())
 
 
+def _copy(src: IO[bytes], target: Path, advance: Advance, chunk: int = 1 << 20) -> str:
+    """Write ``src`` to ``target``; the SHA-256 of what was written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with open(target, "wb") as dst:
+        while block := src.read(chunk):
+            dst.write(block)
+            digest.update(block)
+            advance(len(block))
+    return digest.hexdigest()
+
+
 def _extract(package: dict, archive: Path, root: Path, progress: Progress) -> None:
+    """Extract the package's members into a staging directory, hashing them as they are
+    written, and move them into place once every one has its recorded SHA-256."""
     members = package["members"]
+    digests: dict[str, str] = {}
     staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
     try:
         if package["kind"] == "sdist":
             with tarfile.open(archive, "r:gz") as tar:
-                for info in tar:
-                    spec = members.get(info.name)
-                    if spec is None or not info.isfile():
-                        continue
-                    target = staging / spec["dest"]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with tar.extractfile(info) as src, open(target, "wb") as dst:
-                        shutil.copyfileobj(src, dst)
+                wanted = [info for info in tar.getmembers() if info.name in members and info.isfile()]
+                with reporter(progress).task(f"extracting {package['archive']}",
+                                             total=sum(info.size for info in wanted)) as advance:
+                    for info in wanted:
+                        with tar.extractfile(info) as src:
+                            digests[info.name] = _copy(src, staging / members[info.name]["dest"], advance)
         else:
             with zipfile.ZipFile(archive) as zf:
-                for name in zf.namelist():
-                    spec = members.get(name)
-                    if spec is None:
-                        continue
-                    target = staging / spec["dest"]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(name) as src, open(target, "wb") as dst:
-                        shutil.copyfileobj(src, dst)
+                wanted = [info for info in zf.infolist() if info.filename in members]
+                with reporter(progress).task(f"extracting {package['archive']}",
+                                             total=sum(info.file_size for info in wanted)) as advance:
+                    for info in wanted:
+                        with zf.open(info) as src:
+                            digests[info.filename] = _copy(src, staging / members[info.filename]["dest"], advance)
         for name, spec in members.items():
-            target = staging / spec["dest"]
-            if not target.exists():
+            if name not in digests:
                 raise FixtureError(f"{package['archive']} does not contain {name}")
-            actual = sha256_file(target)
+            actual = digests[name]
             if actual != spec["sha256"]:
                 raise FixtureError(
                     f"{name} from {package['archive']} has SHA-256 {actual}, expected {spec['sha256']}")
@@ -161,7 +200,6 @@ def ensure_package(name: str, root: Path | None = None, progress: Progress | Non
             if actual != package["archive_sha256"]:
                 raise FixtureError(
                     f"{package['archive']} has SHA-256 {actual}, expected {package['archive_sha256']}")
-            progress(f"extracting {package['archive']}")
             _extract(package, archive, root, progress)
         marker = root / ".complete" / package["archive"]
         marker.parent.mkdir(parents=True, exist_ok=True)

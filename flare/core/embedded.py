@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable
 
 from .. import fixtures
 from ..errors import FrontendError
+from ..progress import Progress
 from .export import ExportOptions, export_core
 from .format import FORMAT_VERSION, load_core
-
-Progress = Callable[[str], None]
 
 DEMO_IDENTIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEMO_SERVED_NAMES = ("smollm2", "SmolLM2-135M-Instruct")
@@ -50,7 +48,7 @@ def demo_core(progress: Progress | None = None) -> Path:
     path = demo_core_dir()
     if (path / "core.json").is_file():
         try:
-            load_core(path)
+            load_core(path, progress=progress)
             return path
         except FrontendError as exc:
             progress(f"the cached demo core is damaged ({exc}); preparing it again")

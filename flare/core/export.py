@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -24,12 +25,11 @@ from safetensors.torch import save_file
 
 from ..config import MAX_ACTIVE_LIMIT, PAGE_TOKENS
 from ..errors import FrontendError
-from ..model.checkpoint import iter_runtime_weights, read_config
+from ..model.checkpoint import iter_runtime_weights, read_config, runtime_weight_shapes
 from ..model.spec import ModelSpec
+from ..progress import Progress, Reporter, reporter, sha256_file
 from ..request import GENERATION_KEYS, GenerationDefaults
-from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, CoreContract, read_manifest, sha256_path
-
-Progress = Callable[[str], None]
+from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, REPORT_BYTES, CoreContract, read_manifest
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHARD_BYTES = 2 << 30
@@ -152,33 +152,52 @@ def _generation(checkpoint: Path, origin: str, overrides: dict[str, Any]) -> dic
 
 
 def _write_weights(checkpoint: Path, spec: ModelSpec, dtype: torch.dtype, staging: Path,
-                   progress: Progress) -> list[str]:
+                   progress: Reporter) -> list[str]:
+    """Write the runtime weights as shards of SHARD_BYTES; one task in bytes of the output, each
+    tensor's half counted when it is read and cast, the other when its shard is written."""
     names: list[str] = []
     shard: dict[str, torch.Tensor] = {}
     shard_bytes = 0
+    total = sum(math.prod(shape) for shape in runtime_weight_shapes(spec).values()) * dtype.itemsize
 
     def flush() -> None:
         nonlocal shard, shard_bytes
         if shard:
             name = f"weights-{len(names) + 1:05d}.safetensors"
             save_file(shard, str(staging / name), metadata={"format": "flare"})
+            advance(shard_bytes / 2)
             names.append(name)
             progress(f"wrote {name} ({shard_bytes / 2**20:.0f} MiB)")
         shard, shard_bytes = {}, 0
 
-    for name, tensor in iter_runtime_weights(checkpoint, spec, dtype, progress):
-        shard[name] = tensor
-        shard_bytes += tensor.numel() * tensor.element_size()
-        if shard_bytes >= SHARD_BYTES:
-            flush()
-    flush()
+    with progress.task(f"writing {str(dtype).replace('torch.', '')} weights", total=total) as advance:
+        for name, tensor in iter_runtime_weights(checkpoint, spec, dtype):
+            shard[name] = tensor
+            tensor_bytes = tensor.numel() * tensor.element_size()
+            shard_bytes += tensor_bytes
+            advance(tensor_bytes / 2)
+            if shard_bytes >= SHARD_BYTES:
+                flush()
+        flush()
     return names
+
+
+def _fingerprints(core_dir: Path, names: list[str], progress: Reporter) -> dict[str, dict[str, Any]]:
+    """Each asset's size and SHA-256 (hashed in parallel; a task when there is much to read)."""
+    sizes = {name: (core_dir / name).stat().st_size for name in names}
+    total = sum(sizes.values())
+    from concurrent.futures import ThreadPoolExecutor
+    with reporter(progress if total > REPORT_BYTES else None).task(
+            f"fingerprinting {len(names)} assets", total=total) as advance:
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
+            digests = list(pool.map(lambda n: sha256_file(core_dir / n, advance), names))
+    return {name: {"bytes": sizes[name], "sha256": digest} for name, digest in zip(names, digests)}
 
 
 def export_core(source: Path, output: Path, options: ExportOptions = ExportOptions(),
                 progress: Progress | None = None) -> Path:
     """Prepare ``source`` (checkpoint directory or .gguf file) as a core at ``output``."""
-    progress = progress or (lambda message: None)
+    progress = reporter(progress)
     source, output = Path(source), Path(output)
     if not source.exists():
         raise FrontendError(f"export source {source} does not exist")
@@ -234,11 +253,7 @@ def export_core(source: Path, output: Path, options: ExportOptions = ExportOptio
             mixed_prefill=options.mixed_prefill, page_tokens=PAGE_TOKENS, served_names=tuple(options.served_names),
             context_hint=options.context_hint, capacity_hint=options.capacity_hint, frontend=frontend,
         )
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(asset_names)))) as pool:
-            digests = list(pool.map(lambda n: sha256_path(core_dir / n), asset_names))
-        assets = {name: {"bytes": (core_dir / name).stat().st_size, "sha256": digest}
-                  for name, digest in zip(asset_names, digests)}
+        assets = _fingerprints(core_dir, asset_names, progress)
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,

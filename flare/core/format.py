@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ..digest import sha256_file as sha256_path
 from ..errors import CoreError
 from ..model.spec import ModelSpec
+from ..progress import Progress, reporter, sha256_file
 from ..request import GenerationDefaults
 from .layout import check_weights
 from .schema import TEMPLATE_ASSET, check_manifest
@@ -24,8 +24,7 @@ from .schema import TEMPLATE_ASSET, check_manifest
 FORMAT_NAME = "flare-core"
 FORMAT_VERSION = 1
 MANIFEST = "core.json"
-
-Progress = Callable[[str], None]
+REPORT_BYTES = 256 << 20  # hashing more than this is reported as a task (flare/progress.py)
 
 
 @dataclass(frozen=True)
@@ -143,11 +142,11 @@ def verify_assets(path: Path, assets: dict[str, dict[str, Any]], progress: Progr
     from concurrent.futures import ThreadPoolExecutor
 
     total = sum(info["bytes"] for info in assets.values())
-    if progress and total > (256 << 20):
-        progress(f"verifying {len(assets)} assets ({total / 2**30:.1f} GiB)")
     names = sorted(assets)
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
-        digests = dict(zip(names, pool.map(lambda n: sha256_path(path / n), names)))
+    with reporter(progress if total > REPORT_BYTES else None).task(f"verifying {len(assets)} assets",
+                                                                   total=total) as advance:
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
+            digests = dict(zip(names, pool.map(lambda n: sha256_file(path / n, advance), names)))
     for name in names:
         if digests[name] != assets[name]["sha256"]:
             raise CoreError(path / name, f"fingerprint mismatch for core asset {name}: SHA-256 {digests[name]}, "

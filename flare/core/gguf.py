@@ -22,15 +22,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ..errors import FrontendError
 from ..model import architectures
 from ..model.architectures import Architecture
-
-Progress = Callable[[str], None]
+from ..progress import Progress, format_amount, reporter
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -147,7 +145,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None
 
     from .gguf_tokenizer import convert_gguf_tokenizer
 
-    progress = progress or (lambda message: None)
+    progress = reporter(progress)
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     try:
         reader = gguf.GGUFReader(str(gguf_path))
@@ -169,27 +167,30 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
 
     tensors: dict[str, np.ndarray] = {}
-    total = len(reader.tensors)
-    for n, t in enumerate(reader.tensors, 1):
-        name = _hf_name(t.name)
-        if name is None:
-            raise FrontendError(f"GGUF tensor {t.name} has no Hugging Face counterpart for {arch}")
-        w = gguf.quants.dequantize(t.data, t.tensor_type)
-        if t.tensor_type.name == "F16":
-            w = w.astype(np.float16)
-        else:
-            w = w.astype(np.float32)
-        if family.gguf_permuted_qk and t.name.endswith("attn_q.weight"):
-            w = _unpermute(w, heads)
-        elif family.gguf_permuted_qk and t.name.endswith("attn_k.weight"):
-            w = _unpermute(w, kv_heads)
-        tensors[name] = np.ascontiguousarray(w)
-        if n % 50 == 0 or n == total:
-            progress(f"dequantized {n}/{total} tensors")
+    # measured in the GGUF's (quantized) bytes: what each tensor costs is about its size there
+    with progress.task(f"dequantizing {len(reader.tensors)} tensors",
+                       total=sum(int(t.n_bytes) for t in reader.tensors)) as advance:
+        for t in reader.tensors:
+            name = _hf_name(t.name)
+            if name is None:
+                raise FrontendError(f"GGUF tensor {t.name} has no Hugging Face counterpart for {arch}")
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+            if t.tensor_type.name == "F16":
+                w = w.astype(np.float16)
+            else:
+                w = w.astype(np.float32)
+            if family.gguf_permuted_qk and t.name.endswith("attn_q.weight"):
+                w = _unpermute(w, heads)
+            elif family.gguf_permuted_qk and t.name.endswith("attn_k.weight"):
+                w = _unpermute(w, kv_heads)
+            tensors[name] = np.ascontiguousarray(w)
+            advance(int(t.n_bytes))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
+        progress(f"writing the dequantized checkpoint "
+                 f"({format_amount(sum(w.nbytes for w in tensors.values()))})")
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (staging / "tokenizer.json").write_text(json.dumps(tokenizer.tokenizer_json, ensure_ascii=False))

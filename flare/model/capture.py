@@ -17,14 +17,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
 
 import torch
 
 from ..contract import GraphKind
+from ..progress import Advance, Progress, reporter
 from .programs import StepPrograms
-
-Progress = Callable[[str], None]
 
 
 @dataclass
@@ -83,34 +81,42 @@ def capture_graphs(programs: StepPrograms, progress: Progress | None = None, *,
     if programs.device.type != "cuda":
         raise ValueError("CUDA graphs need a CUDA device")
     use_kernels(programs)
+    progress = reporter(progress)
     contract = programs.contract
     order = sorted(contract.graphs, key=_size, reverse=True)
+    decodes = [g for g in order if g.kind == GraphKind.DECODE]
     stream = torch.cuda.Stream(programs.device)
     start = time.perf_counter()
     stream.wait_stream(torch.cuda.current_stream(programs.device))
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            for g in order:
-                programs.run(g)
-    torch.cuda.synchronize(programs.device)
+    # the first runs compile the kernels (Triton): the warm-up can take longer than the capture
+    with progress.task("warming up the step programs", total=warmup * len(order), unit="runs") as advance:
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                for g in order:
+                    programs.run(g)
+                    advance()
+        torch.cuda.synchronize(programs.device)
     pool = torch.cuda.graph_pool_handle()
     graphs: list = [None] * len(contract.graphs)
-    for n, g in enumerate(order, 1):
-        cuda_graph = _new_graph()
-        with torch.cuda.graph(cuda_graph, pool=pool, stream=stream):
-            programs.run(g)
-        graphs[g.index] = cuda_graph
-        if progress and (n % 8 == 0 or n == len(order)):
-            progress(f"captured {n}/{len(order)} CUDA graphs")
-    parts = _capture_parts(programs, [g for g in order if g.kind == GraphKind.DECODE], pool, stream, warmup)
-    torch.cuda.synchronize(programs.device)
+    # the contract's graphs, then each DECODE graph's parts: its sampling and its batch's forward
+    parts_total = len(decodes) + len({g.batch for g in decodes})
+    with progress.task("capturing CUDA graphs", total=len(order) + parts_total, unit="graphs") as advance:
+        for g in order:
+            cuda_graph = _new_graph()
+            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream):
+                programs.run(g)
+            graphs[g.index] = cuda_graph
+            advance()
+        parts = _capture_parts(programs, decodes, pool, stream, warmup, advance)
+        torch.cuda.synchronize(programs.device)
     handles = [_exec_handle(cg) for cg in graphs]
     part_handles = {index: (_exec_handle(fwd), _exec_handle(smp)) for index, (fwd, smp) in parts.items()}
     return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start, parts, part_handles)
 
 
-def _capture_parts(programs: StepPrograms, decodes: list, pool, stream, warmup: int) -> dict:
-    """The two parts of every DECODE graph (structured output's held steps), in the same pool."""
+def _capture_parts(programs: StepPrograms, decodes: list, pool, stream, warmup: int, advance: Advance) -> dict:
+    """The two parts of every DECODE graph (structured output's held steps), in the same pool;
+    ``advance`` counts each graph captured."""
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             for g in decodes:
@@ -124,8 +130,10 @@ def _capture_parts(programs: StepPrograms, decodes: list, pool, stream, warmup: 
             forwards[g.batch] = _new_graph()
             with torch.cuda.graph(forwards[g.batch], pool=pool, stream=stream):
                 programs.run_part(g, "forward")
+            advance()
         sample = _new_graph()
         with torch.cuda.graph(sample, pool=pool, stream=stream):
             programs.run_part(g, "sample")
+        advance()
         parts[g.index] = (forwards[g.batch], sample)
     return parts
