@@ -12,7 +12,7 @@ from . import __version__
 from .config import MAX_ACTIVE_LIMIT, EngineConfig
 from .core.export import DTYPES, ExportOptions
 from .errors import Error, FrontendError
-from .fixtures import stderr_progress as _progress
+from .progress import stderr_progress
 from .request import GENERATION_KEYS
 
 DEMO_NAME = "demo"  # `flare info demo`: the embedded demo core
@@ -78,9 +78,13 @@ def _serve(args: argparse.Namespace) -> int:
     core = args.core
     del args.core
     config = load_server_config(args, os.environ)
+    if config.engine.tensor_parallel > 1 and os.environ.get("RANK", "0") != "0":
+        # a rank torchrun started on another host (or beside rank 0): it serves nothing itself
+        from .execution.ranks import plan_from_environment, run_rank
+        return run_rank(int(os.environ["RANK"]), plan_from_environment(config.engine.tensor_parallel))
     if core is None:
         from .core.embedded import demo_core
-        core = demo_core(_progress)
+        core = demo_core(stderr_progress())
         print(f"flare: serving the demo core at {core}", file=sys.stderr)
     else:
         from .core.format import load_core
@@ -141,7 +145,7 @@ def _export(args: argparse.Namespace) -> int:
         tool_parser=_parser_choice(args.tool_parser, "tool"),
         reasoning_parser=_parser_choice(args.reasoning_parser, "reasoning"), detect_parsers=detect,
     )
-    export_core(args.source, args.output, options, _progress)
+    export_core(args.source, args.output, options, stderr_progress())
     return 0
 
 
@@ -150,11 +154,12 @@ def _info(args: argparse.Namespace) -> int:
 
     from .core.format import load_core
 
-    path = args.core
+    path, verify = args.core, not args.no_verify
+    progress = stderr_progress()  # the demo core's first preparation and the SHA-256 pass
     if str(path) == DEMO_NAME and not path.exists():
         from .core.embedded import demo_core
-        path = demo_core(_progress)
-    core = load_core(path, verify=not args.no_verify)
+        path, verify = demo_core(progress), False  # demo_core verified it
+    core = load_core(path, verify=verify, progress=progress)
     print(f"{path}:")
     r, c = core.recipe, core.contract
     print(f"{core.identifier}: {r.architecture}, {r.num_layers} layers, hidden {r.hidden_size}, "

@@ -60,6 +60,9 @@ class EngineConfig:
     speculative: str = "none"  # one of SPECULATIVE_MODES
     speculative_depth: int = 4  # most drafts verified per request and step (1..7)
     draft_core: str = ""  # speculative "draft": the draft core's directory (same tokenizer as the target)
+    # ranks the model is sharded over, one per device (flare/execution/ranks.py; on the CPU, gloo
+    # processes on this host); 1 is the single-rank path, unchanged
+    tensor_parallel: int = 1
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 

@@ -16,7 +16,7 @@ import hashlib
 import json
 import queue
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -24,10 +24,9 @@ from ..config import EngineConfig
 from ..core.format import Core, load_core
 from ..errors import ExecutionError
 from ..frontend.grammar import GrammarCompiler, Matcher
+from ..progress import Progress
 from ..request import ErrorEvent, Event, FinishEvent, GrammarRequest, PreparedPrompt, SamplingParams
 from ..scheduler.scheduler import RequestScheduler
-
-Progress = Callable[[str], None]
 
 
 def core_identity(core: Core) -> bytes:
@@ -71,15 +70,22 @@ class NativeModel:
             from .drafter import load_drafter
             drafter = proposer = load_drafter(config.draft_core, core, config,
                                               config.max_active or core.contract.max_active, progress)
+        ranks = None
         try:
-            loaded = load_model(core, config, progress)
+            if config.tensor_parallel > 1:
+                ranks = cls._start_ranks(core, config, progress)
+            loaded = load_model(core, config, progress, ranks.shard(0) if ranks is not None else None)
             if loaded.device.type == "cuda":
                 from ..execution.cuda import make_cuda_executor
                 executor = make_cuda_executor(loaded, progress)
             else:
                 from ..execution.cpu import CpuExecutor
                 executor = CpuExecutor(loaded.programs)
+            if ranks is not None:
+                executor = ranks.executor(executor, loaded.contract.num_pages)
         except BaseException:
+            if ranks is not None:
+                ranks.abort()
             if drafter is not None:
                 drafter.close()
             raise
@@ -96,6 +102,22 @@ class NativeModel:
         runtime = ModelRuntime(scheduler, executor, decoder_factory=decoder_factory,
                                capacity=capacity or 5 * max_active, capacity_hint=capacity_hint)
         return cls(core, loaded, executor, runtime, tokenizer, drafter)
+
+    @staticmethod
+    def _start_ranks(core: Core, config: EngineConfig, progress: Progress | None):
+        """Tensor parallel: the shapes checked, then ranks 1..N-1 started and joined (rank 0 is us)."""
+        from ..execution.ranks import plan_from_environment, start_ranks
+        from ..model.loader import resolve_device
+        from ..model.tensor_parallel import check_shardable
+
+        world = config.tensor_parallel
+        check_shardable(core.recipe, world)
+        if resolve_device(config.device).type != "cpu":
+            raise ExecutionError("tensor parallel runs on CPU ranks (gloo) for now; the CUDA ranks (NCCL) are "
+                                 "issue 28's: serve with --device cpu, or without --tensor-parallel")
+        if progress:
+            progress(f"tensor parallel: starting {world - 1} more rank{'s' * (world > 2)} (gloo)")
+        return start_ranks(world, str(core.path), config, plan=plan_from_environment(world))
 
     @property
     def context_len(self) -> int:

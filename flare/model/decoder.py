@@ -108,6 +108,7 @@ class DecoderOps:
     """
 
     linear: Callable = F.linear
+    row_linear: Callable = F.linear  # the last layer's down projection (tensor parallel sums it across ranks)
     linear_silu: Callable = linear_silu  # (x, gate_up) -> silu(gate) * up
     linear_float: Callable = linear_float  # (x, w) -> float32 F.linear(x, w)
     rms_norm: Callable = rms_norm
@@ -123,9 +124,10 @@ def cuda_ops() -> DecoderOps:
     """Triton kernels for attention and the fused elementwise work; small-batch GEMV linear."""
     from . import kernels
 
-    return DecoderOps(linear=kernels.linear, linear_silu=kernels.linear_silu, linear_float=kernels.linear_float,
-                      rms_norm=kernels.rms_norm, embed_rms_norm=kernels.embed_rms_norm,
-                      add_rms_norm=kernels.add_rms_norm, linear_add_rms_norm=kernels.linear_add_rms_norm,
+    return DecoderOps(linear=kernels.linear, row_linear=kernels.linear, linear_silu=kernels.linear_silu,
+                      linear_float=kernels.linear_float, rms_norm=kernels.rms_norm,
+                      embed_rms_norm=kernels.embed_rms_norm, add_rms_norm=kernels.add_rms_norm,
+                      linear_add_rms_norm=kernels.linear_add_rms_norm,
                       linear_qkv_rope_write=kernels.linear_qkv_rope_write, attention=kernels.paged_attention,
                       packed_attention=kernels.packed_attention)
 
@@ -186,7 +188,7 @@ class Decoder:
             if i < last:
                 y, residual = ops.linear_add_rms_norm(act, lw["down"], residual, self.layers[i + 1]["attn_norm"], eps)
             else:  # the final norm's output leaves the decoder: computed here, not left to a GEMV
-                y, residual = ops.add_rms_norm(ops.linear(act, lw["down"]), residual, self.w["norm"], eps)
+                y, residual = ops.add_rms_norm(ops.row_linear(act, lw["down"]), residual, self.w["norm"], eps)
         # [B, hidden]: the last layer's add_rms_norm applied the final norm
         if packed:
             return y[0].index_select(0, sample_index)

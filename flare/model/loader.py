@@ -8,27 +8,38 @@ GPU a fraction of the memory left after weights. Prefix-cache snapshot rows
 The loader reads a prepared core only through :class:`PreparedWeights` (what a
 ``flare.core.format.Core`` provides), so the model package does not import the
 core package, which imports the model's spec and layout.
+
+Tensor parallel (``load_model(..., tensor_parallel=TensorParallel(rank, world))`` with
+world > 1, inside an initialised torch.distributed group): the shapes are checked
+before any weight is read (:func:`~flare.model.tensor_parallel.check_shardable`), the
+full weights are loaded and this rank's slices kept
+(:func:`~flare.model.tensor_parallel.shard_weights`), and the decoder runs the per-rank
+spec (its heads and MLP slice) with the collectives of
+:func:`~flare.model.tensor_parallel.tensor_parallel_ops`. The KV pool is planned from
+the per-rank spec: every rank computes the same number of pages from the same budget,
+so the page IDs rank 0's scheduler hands out are valid on every rank.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from ..config import EngineConfig
 from ..contract import PreparedContract, speculative_widths
 from ..errors import ExecutionError, FrontendError
+from ..progress import Progress, reporter
 from .attention import KVCache
 from .checkpoint import runtime_weight_shapes
-from .decoder import Decoder
+from .decoder import Decoder, DecoderOps
 from .programs import StepPrograms
 from .spec import ModelSpec
-
-Progress = Callable[[str], None]
+from .tensor_parallel import TensorParallel, check_shardable, shard_spec, shard_weights, tensor_parallel_ops
 
 CPU_KV_BUDGET = 1 << 30
 
@@ -78,13 +89,19 @@ def resolve_device(name: str) -> torch.device:
 
 def load_weights(core: PreparedWeights, device: torch.device,
                  progress: Progress | None = None) -> dict[str, torch.Tensor]:
+    """Every weight of the core onto ``device``, reported as one task in bytes (tensor by
+    tensor: safetensors' load_file, unrolled)."""
     expected = runtime_weight_shapes(core.recipe)
     weights: dict[str, torch.Tensor] = {}
-    for path in core.weight_files:
-        if progress:
-            progress(f"loading {path.name}")
-        for name, tensor in load_file(str(path), device=str(device)).items():
-            weights[name] = tensor
+    total = sum(math.prod(shape) for shape in expected.values()) * getattr(torch, core.dtype).itemsize
+    files = core.weight_files
+    with reporter(progress).task(f"loading {len(files)} weight file{'s' * (len(files) != 1)} onto {device}",
+                                 total=total) as advance:
+        for path in files:
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                for name in f.keys():
+                    weights[name] = tensor = f.get_tensor(name)
+                    advance(tensor.numel() * tensor.element_size())
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise FrontendError(f"core weights lack {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
@@ -94,9 +111,11 @@ def load_weights(core: PreparedWeights, device: torch.device,
     return weights
 
 
-def plan_kv(core: PreparedWeights, config: EngineConfig, device: torch.device, max_active: int) -> tuple[int, int]:
-    """(num_pages, num_snapshot_rows) from the memory budget."""
-    spec = core.recipe
+def plan_kv(core: PreparedWeights, config: EngineConfig, device: torch.device, max_active: int,
+            spec: ModelSpec | None = None) -> tuple[int, int]:
+    """(num_pages, num_snapshot_rows) from the memory budget; ``spec``: the KV's shape when not
+    the core's recipe (a tensor-parallel rank's share of the KV heads)."""
+    spec = spec or core.recipe
     dtype = getattr(torch, core.dtype)
     page_bytes = KVCache.bytes_per_page(spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype)
     if config.kv_memory_bytes:
@@ -117,15 +136,27 @@ def plan_kv(core: PreparedWeights, config: EngineConfig, device: torch.device, m
     return int(pages), int(rows)
 
 
-def load_model(core: PreparedWeights, config: EngineConfig = EngineConfig(),
-               progress: Progress | None = None) -> LoadedModel:
+def load_model(core: PreparedWeights, config: EngineConfig = EngineConfig(), progress: Progress | None = None,
+               tensor_parallel: TensorParallel | None = None) -> LoadedModel:
+    """The core's decoder, contract and step programs on the configured device; with
+    ``tensor_parallel`` of world > 1, this rank's shard of them (see the module docstring)."""
     device = resolve_device(config.device)
     max_active = config.max_active or core.contract.max_active
     if not 1 <= max_active <= core.contract.max_active:
         raise ExecutionError(f"max_active {max_active} must be between 1 and the core's {core.contract.max_active}")
-    weights = load_weights(core, device, progress)
-    decoder = Decoder(core.recipe, weights, max_positions=core.contract.context)
-    num_pages, rows = plan_kv(core, config, device, max_active)
+    tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.world > 1 else None
+    if tp is None:
+        weights = load_weights(core, device, progress)
+        decoder = Decoder(core.recipe, weights, max_positions=core.contract.context)
+        num_pages, rows = plan_kv(core, config, device, max_active)
+    else:
+        check_shardable(core.recipe, tp.world)
+        spec = shard_spec(core.recipe, tp.world)
+        weights = shard_weights(load_weights(core, device, progress), core.recipe, tp.rank, tp.world)
+        ops = tensor_parallel_ops(DecoderOps(), rank=tp.rank, world=tp.world, vocab_size=spec.vocab_size,
+                                  group=tp.group)
+        decoder = Decoder(spec, weights, max_positions=core.contract.context, ops=ops)
+        num_pages, rows = plan_kv(core, config, device, max_active, spec)
     contract = PreparedContract.build(
         max_active=max_active, context=core.contract.context,
         prefill_chunk_size=core.contract.prefill_chunk_size, num_pages=num_pages,

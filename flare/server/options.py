@@ -57,6 +57,8 @@ _FLAGS = (
     ("--speculative", "speculative", "speculative decoding: 'copy' (drafts by n-gram lookup over the prompt and "
                                      "output), 'draft' (drafts by --draft-core) or 'none'"),
     ("--speculative-depth", "speculative_depth", "most drafted tokens verified per request and step, 1..7"),
+    ("--tensor-parallel", "tensor_parallel", "ranks the model is sharded over, one per device (on the CPU: gloo "
+                                             "processes on this host; torchrun's variables for several hosts)"),
     ("--draft-core", "draft_core", "with --speculative draft: a core DIR with the target's tokenizer (usually a "
                                    "smaller model of its family) that drafts for it"),
 )
@@ -219,6 +221,8 @@ def _validate(config: ServerConfig) -> None:
         (config.log_level.lower() in LOG_LEVELS, f"log_level must be one of {', '.join(LOG_LEVELS)}"),
         (config.engine.speculative in SPECULATIVE_MODES,
          f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {config.engine.speculative!r}"),
+        (1 <= config.engine.tensor_parallel <= 8,
+         f"tensor_parallel must be 1..8, got {config.engine.tensor_parallel}"),
         (1 <= config.engine.speculative_depth <= 7,
          f"speculative_depth must be 1..7, got {config.engine.speculative_depth}"),
         (config.engine.speculative != "draft" or bool(config.engine.draft_core),

@@ -1,0 +1,477 @@
+"""Tensor-parallel execution: one rank per device, rank 0 driving the others.
+
+Rank 0 owns HTTP, the frontend and the scheduler. Its executor,
+:class:`TensorParallelExecutor`, wraps its own CPU executor and mirrors every
+submission to the other ranks over a control connection: the same graph, the same
+uploads, the same fence. Each rank runs the step on its shard. The collectives
+inside the decoder (flare/model/tensor_parallel.py, gloo on the CPU) make the ranks
+meet, so every rank must run the same programs in the same order, which mirroring
+guarantees.
+
+A step completes when every rank has reported it.
+
+- Each rank's report carries the fence and the graph identity, and its completion records.
+- Rank 0 commits only when every report matches its own. Sampling runs on the gathered
+  logits with the same seeds on every rank, so the records agree byte for byte.
+- The step's time is the longest rank's interval.
+- The two-frame bound holds for all ranks together: rank 0 submits only while its own
+  window has room, and the others run exactly rank 0's submissions.
+
+Failure:
+
+- A rank whose connection closes, or that reports nothing for :data:`RANK_TIMEOUT_S`
+  while rank 0 waits on it, fails the executor with an error naming the rank.
+- The runtime then ends every request with that error, and the server exits 1.
+- :meth:`TensorParallelExecutor.close` drains every rank and waits for their processes.
+
+Ranks meet through a :class:`RankPlan`. On one host, :func:`start_ranks` spawns ranks
+1..N-1 as processes of their own session, so a Ctrl-C at the terminal reaches only
+rank 0, which drains them. Across hosts, torchrun's environment names the rendezvous
+(:func:`plan_from_environment`), and ``flare run`` on a rank other than 0 runs
+:func:`run_rank` instead of serving.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Sequence
+
+import numpy as np
+
+from ..contract import Upload
+from ..errors import ExecutionError
+from .base import ExecutionCompletion, FenceTimeline
+
+log = logging.getLogger("flare.ranks")
+
+RANK_TIMEOUT_S = 5.0  # a rank silent this long while rank 0 waits on it has failed
+RANK_GONE_WAIT_S = 1.0  # after a failed collective: how long to look for the rank that caused it
+STARTUP_TIMEOUT_S = 600.0  # every rank must have loaded its shard by then
+AUTHKEY_ENV = "FLARE_TP_AUTHKEY"
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Where the ranks meet: the gloo rendezvous and rank 0's control listener."""
+
+    world: int
+    master_addr: str
+    master_port: int  # torch.distributed's TCP rendezvous
+    control_port: int  # rank 0 listens here for the other ranks' control connections
+    authkey: bytes
+
+    def init_process_group(self, rank: int) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://{self.master_addr}:{self.master_port}", rank=rank,
+                                world_size=self.world, timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def plan_from_environment(world: int, environ=os.environ) -> RankPlan | None:
+    """The plan torchrun's variables give (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK), with the
+    control listener on MASTER_PORT + 1 and the key in FLARE_TP_AUTHKEY; None without them."""
+    if "MASTER_ADDR" not in environ or "RANK" not in environ:
+        return None
+    size = int(environ.get("WORLD_SIZE", world))
+    if size != world:
+        raise ExecutionError(f"WORLD_SIZE={size} but --tensor-parallel {world}")
+    key = environ.get(AUTHKEY_ENV)
+    if not key:
+        raise ExecutionError(f"ranks started by torchrun need a shared {AUTHKEY_ENV} (any secret string)")
+    port = int(environ.get("MASTER_PORT", "29500"))
+    return RankPlan(world, environ["MASTER_ADDR"], port, port + 1, key.encode())
+
+
+# -- rank 0 ----------------------------------------------------------------------
+
+
+class _Link:
+    """Rank 0's end of one other rank's control connection, with a reader thread."""
+
+    def __init__(self, rank: int, conn: Connection, process: subprocess.Popen | None):
+        self.rank = rank
+        self.conn = conn
+        self.process = process
+        self.failure: ExecutionError | None = None
+        self._cond = threading.Condition()
+        self._reports: collections.deque = collections.deque()
+        self._send_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+
+    def start_reader(self, on_failure) -> None:
+        def read() -> None:
+            while True:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError):
+                    self._fail(self._gone("its connection closed"), on_failure)
+                    return
+                with self._cond:
+                    self._reports.append(message)
+                    self._cond.notify_all()
+
+        self._reader = threading.Thread(target=read, name=f"flare-rank{self.rank}-reader", daemon=True)
+        self._reader.start()
+
+    def _gone(self, how: str) -> ExecutionError:
+        code = self.process.poll() if self.process is not None else None
+        exited = f"; it exited with code {code}" if code is not None else ""
+        return ExecutionError(f"tensor-parallel rank {self.rank} failed: {how}{exited}")
+
+    def _fail(self, error: ExecutionError, on_failure) -> None:
+        with self._cond:
+            if self.failure is None:
+                self.failure = error
+            self._cond.notify_all()
+        on_failure(error)
+
+    def send(self, message) -> None:
+        with self._send_lock:
+            try:
+                self.conn.send(message)
+            except (OSError, ValueError) as exc:
+                raise self._gone(f"sending to it failed ({exc})") from None
+
+    def receive(self, timeout: float):
+        """The next report, or raise: the rank failed or stayed silent for ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._reports:
+                if self.failure is not None:
+                    raise self.failure
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._gone(f"no report within {timeout:.0f} s")
+                self._cond.wait(remaining)
+            return self._reports.popleft()
+
+
+class TensorParallelExecutor(FenceTimeline):
+    """Rank 0's executor: its own executor plus the mirrored ranks (see the module docstring)."""
+
+    def __init__(self, local, links: Sequence[_Link]):
+        self.local = local
+        self.contract = local.contract
+        self.links = list(links)
+        self._failure: ExecutionError | None = None
+        self._submitted: collections.deque[tuple[int, int]] = collections.deque()  # (fence, graph) in flight
+        self._closed = False
+        for link in self.links:
+            link.start_reader(self._on_failure)
+
+    def _on_failure(self, error: ExecutionError) -> None:
+        if self._failure is None and not self._closed:
+            log.error("%s", error)
+            self._failure = error
+
+    @property
+    def next_fence(self) -> int:
+        return self.local.next_fence
+
+    @property
+    def completed_fence(self) -> int:
+        return self.local.completed_fence
+
+    @property
+    def outstanding(self) -> int:
+        return self.local.outstanding
+
+    @property
+    def poisoned(self) -> BaseException | None:
+        return self._failure or self.local.poisoned
+
+    def can_submit(self) -> bool:
+        return self._failure is None and self.local.can_submit()
+
+    def _broadcast(self, message) -> None:
+        for link in self.links:
+            try:
+                link.send(message)
+            except ExecutionError as exc:
+                self._on_failure(exc)
+                raise
+
+    def submit(self, graph_index: int, uploads: Sequence[Upload], grammar_constrained: bool = False) -> int:
+        if self._failure is not None:
+            raise ExecutionError(f"executor is poisoned: {self._failure}")
+        if not self.local.can_submit():  # the local executor's refusal, in its words, before any rank sees it
+            return self.local.submit(graph_index, uploads, grammar_constrained)
+        fence = self.local.next_fence
+        payload = [(name, offset, bytes(data)) for name, offset, data in uploads]
+        self._broadcast(("submit", fence, graph_index, payload, grammar_constrained))
+        local_fence = self.local.submit(graph_index, uploads, grammar_constrained)
+        assert local_fence == fence
+        self._submitted.append((fence, graph_index))
+        return fence
+
+    def release(self, fence: int, uploads: Sequence[Upload]) -> None:
+        payload = [(name, offset, bytes(data)) for name, offset, data in uploads]
+        self._broadcast(("release", fence, payload))
+        self.local.release(fence, uploads)
+
+    def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
+        if self._failure is not None and self._submitted:
+            return self._failed_completion(self._failure)
+        done = self.local.poll(timeout)
+        if done is None:
+            if self._failure is not None and self._submitted:
+                return self._failed_completion(self._failure)
+            return None
+        fence, graph = self._submitted.popleft()
+        if done.error is not None:
+            # a peer that died breaks rank 0's collective first: name the rank, not the socket
+            failure = self._failure or self._rank_failure(RANK_GONE_WAIT_S)
+            if failure is None:
+                return done
+            failure.__cause__ = done.error
+            return replace(done, error=failure)
+        duration = done.duration_ns
+        for link in self.links:
+            try:
+                kind, r_fence, r_graph, records, r_duration, error = link.receive(RANK_TIMEOUT_S)
+            except ExecutionError as exc:
+                self._on_failure(exc)
+                return replace(done, error=exc)
+            if error is not None:
+                failure = ExecutionError(f"tensor-parallel rank {link.rank} failed at fence {r_fence}: {error}")
+                self._on_failure(failure)
+                return replace(done, error=failure)
+            if (kind, r_fence, r_graph) != ("done", fence, graph) or records != done.records.tobytes():
+                failure = ExecutionError(
+                    f"tensor-parallel rank {link.rank} disagrees at fence {fence} (graph {graph}): it reported "
+                    f"fence {r_fence}, graph {r_graph}{', other records' if r_fence == fence else ''}")
+                self._on_failure(failure)
+                return replace(done, error=failure)
+            duration = max(duration, r_duration)
+        return replace(done, duration_ns=duration)
+
+    def _rank_failure(self, wait_s: float) -> ExecutionError | None:
+        """The first rank found failed within ``wait_s`` (its reader sees the closed connection)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for link in self.links:
+                if link.failure is not None:
+                    return link.failure
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+
+    def _failed_completion(self, error: ExecutionError) -> ExecutionCompletion:
+        fence, graph = self._submitted.popleft()
+        empty = np.zeros(0)
+        return ExecutionCompletion(fence, graph, empty, empty, empty, 0, error)
+
+    def close(self) -> None:
+        """Drain every rank, then stop them; a failed group is torn down without waiting on it."""
+        if self._closed:
+            return
+        failed = self._failure is not None
+        self._closed = True
+        for link in self.links:
+            try:
+                link.send(("close",))
+            except ExecutionError:
+                pass
+        closer = threading.Thread(target=self.local.close, name="flare-rank0-close", daemon=True)
+        closer.start()
+        closer.join(RANK_TIMEOUT_S if failed else None)  # a failed peer may leave a collective hanging
+        deadline = time.monotonic() + (RANK_TIMEOUT_S if failed else 60.0)
+        for link in self.links:
+            if link.process is not None:
+                try:
+                    link.process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("tensor-parallel rank %d did not exit; killing it", link.rank)
+                    link.process.kill()
+            link.conn.close()
+        if not failed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+class RankGroup:
+    """Rank 0's side while the group starts: the other ranks connected and loading."""
+
+    def __init__(self, plan: RankPlan, links: list[_Link]):
+        self.plan = plan
+        self.links = links
+
+    def shard(self, rank: int):
+        from ..model.tensor_parallel import TensorParallel
+
+        return TensorParallel(rank, self.plan.world)
+
+    def executor(self, local, num_pages: int) -> TensorParallelExecutor:
+        """Wait for every rank's shard, check it sized the same KV, and wrap ``local``."""
+        for link in self.links:
+            try:
+                message = link.conn.recv() if link.conn.poll(STARTUP_TIMEOUT_S) else None
+            except (EOFError, OSError):
+                message = None
+            if message is None or message[0] != "ready":
+                self.abort()
+                detail = f": {message[1]}" if message is not None and message[0] == "error" else ""
+                raise link._gone(f"it did not load its shard{detail}")
+            if message[1] != num_pages:
+                self.abort()
+                raise ExecutionError(f"tensor-parallel rank {link.rank} sized {message[1]} KV pages, rank 0 "
+                                     f"{num_pages}: start every rank with the same KV budget")
+        return TensorParallelExecutor(local, self.links)
+
+    def abort(self) -> None:
+        for link in self.links:
+            if link.process is not None and link.process.poll() is None:
+                link.process.kill()
+            link.conn.close()
+
+
+def start_ranks(world: int, core_path: str, config, *, host: str = "127.0.0.1",
+                plan: RankPlan | None = None) -> RankGroup:
+    """Rank 0: spawn ranks 1..world-1 on this host (unless ``plan`` says torchrun started them),
+    join the process group, and hand each rank the core and the engine config."""
+    share_cores(world)
+    spawn = plan is None
+    if spawn:
+        plan = RankPlan(world, host, _free_port(host), _free_port(host), secrets.token_bytes(16))
+    listener = Listener((plan.master_addr if not spawn else host, plan.control_port), authkey=plan.authkey)
+    processes: dict[int, subprocess.Popen] = {}
+    if spawn:
+        env = {**os.environ, AUTHKEY_ENV: plan.authkey.hex()}
+        for rank in range(1, world):
+            argv = [sys.executable, "-m", "flare.execution.ranks", str(rank), str(world), plan.master_addr,
+                    str(plan.master_port), str(plan.control_port)]
+            # its own session: a terminal's Ctrl-C reaches rank 0 only, which drains the others
+            processes[rank] = subprocess.Popen(argv, env=env, start_new_session=True)
+    links: dict[int, _Link] = {}
+    accepted = threading.Event()
+
+    def accept() -> None:
+        try:
+            while len(links) < world - 1:
+                conn = listener.accept()
+                kind, rank = conn.recv()
+                links[rank] = _Link(rank, conn, processes.get(rank))
+        except (OSError, EOFError):
+            pass
+        accepted.set()
+
+    threading.Thread(target=accept, name="flare-rank-accept", daemon=True).start()
+    plan.init_process_group(0)  # returns once every rank joined
+    if not accepted.wait(STARTUP_TIMEOUT_S) or len(links) < world - 1:
+        listener.close()
+        raise ExecutionError(f"only {len(links)} of {world - 1} tensor-parallel ranks connected")
+    listener.close()
+    ordered = [links[rank] for rank in range(1, world)]
+    for link in ordered:
+        link.send(("load", str(core_path), config))
+    return RankGroup(plan, ordered)
+
+
+# -- ranks 1..N-1 ------------------------------------------------------------------
+
+
+def share_cores(world: int) -> None:
+    """Ranks on one host split its cores: torch's threads of N ranks would otherwise contend."""
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+
+def _connect(plan: RankPlan) -> Connection:
+    """Rank 0's control listener, retried while rank 0 starts it (torchrun starts ranks together)."""
+    deadline = time.monotonic() + 60.0
+    while True:
+        try:
+            return Client((plan.master_addr, plan.control_port), authkey=plan.authkey)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def run_rank(rank: int, plan: RankPlan) -> int:
+    """A rank other than 0: load its shard, then run rank 0's submissions until it closes the group."""
+    from ..core.format import load_core
+    from ..model.loader import load_model
+    from ..model.tensor_parallel import TensorParallel
+    from .cpu import CpuExecutor
+
+    share_cores(plan.world)
+    conn = _connect(plan)
+    conn.send(("hello", rank))
+    plan.init_process_group(rank)
+    _, core_path, config = conn.recv()
+    try:
+        core = load_core(core_path, verify=False)  # rank 0 verified it
+        loaded = load_model(core, config, None, TensorParallel(rank, plan.world))
+    except Exception as exc:  # noqa: BLE001 - rank 0 reports it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return 1
+    executor = CpuExecutor(loaded.programs, name=f"flare-rank{rank}-executor")
+    send_lock = threading.Lock()
+    conn.send(("ready", loaded.contract.num_pages))
+    stop = threading.Event()
+
+    def report() -> None:
+        while not stop.is_set() or executor.outstanding:
+            done = executor.poll(0.05)
+            if done is None:
+                continue
+            error = None if done.error is None else str(done.error)
+            with send_lock:
+                conn.send(("done", done.fence, done.graph_index, done.records.tobytes(), done.duration_ns, error))
+
+    reporter = threading.Thread(target=report, name=f"flare-rank{rank}-report", daemon=True)
+    reporter.start()
+    try:
+        while True:
+            message = conn.recv()
+            if message[0] == "submit":
+                _, fence, graph, uploads, held = message
+                if executor.next_fence != fence:
+                    raise ExecutionError(f"rank {rank} expected fence {executor.next_fence}, rank 0 sent {fence}")
+                executor.submit(graph, uploads, held)
+            elif message[0] == "release":
+                executor.release(message[1], message[2])
+            elif message[0] == "close":
+                break
+    except (EOFError, OSError):
+        os._exit(1)  # rank 0 is gone: nothing to drain for
+    stop.set()
+    reporter.join()
+    executor.close()
+    conn.close()
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
+
+
+def _main(argv: Sequence[str]) -> int:
+    rank, world, addr, master_port, control_port = argv
+    key = bytes.fromhex(os.environ[AUTHKEY_ENV])
+    logging.basicConfig(level="INFO", stream=sys.stderr, format=f"%(asctime)s %(levelname)s rank {rank}: %(message)s")
+    return run_rank(int(rank), RankPlan(int(world), addr, int(master_port), int(control_port), key))
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
