@@ -765,6 +765,7 @@ def main() -> int:
     parser.add_argument("--suite", default="", help="issue 23's serving workloads to run, e.g. prefill_only,a,b,c,d "
                                                     "(a core with --max-active slots, mixed steps, --chunk)")
     parser.add_argument("--max-active", type=int, default=64)
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="ranks, one GPU each (issue 26/28)")
     parser.add_argument("--chunk", type=int, default=512, help="the core's prefill_chunk_size")
     parser.add_argument("--no-mixed", action="store_true", help="load the core without its MIXED graphs")
     add_load_arguments(parser)
@@ -785,7 +786,9 @@ def main() -> int:
         save_results(args.out)
     t0 = time.perf_counter()
     model = NativeModel.load(core, EngineConfig(device="cuda", max_active=args.max_active,
-                                                mixed_prefill=False if args.no_mixed else None), progress=log)
+                                                mixed_prefill=False if args.no_mixed else None,
+                                                tensor_parallel=args.tensor_parallel), progress=log)
+    RESULTS["tensor_parallel"] = args.tensor_parallel
     RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
     log(f"flare loaded and captured in {RESULTS['load_and_capture_s']} s")
     try:

@@ -5,7 +5,8 @@
 #   bash tools/gpu_check.sh [--shape llama3-8b] [--requests 256] [--tests "tests/gpu"] [--hf-compile]
 #                           [--server-tests] [--no-bench]
 # --server-tests also serves tests/server from `flare-serve` on a small random bf16 core on
-# the GPU (tools/make_test_core.py; needs the openai wheels in .whl/server).
+# the GPU (tools/make_test_core.py; needs the openai wheels in .whl/server). With two GPUs or
+# more it also runs the tensor-parallel tests on GPU ranks and the decode figures at N = 2.
 set -uo pipefail
 SHAPE=llama3-8b; REQUESTS=256; TESTS="tests/gpu"; HF=""; TEST_TIMEOUT=240; EXTRA=""; SERVER=0; BENCH=1
 while [ $# -gt 0 ]; do case "$1" in
@@ -31,6 +32,17 @@ if [ "$SERVER" = 1 ]; then
   FLARE_E2E_DEMO=0 FLARE_E2E_CORE=/tmp/flare-test-core timeout "$TEST_TIMEOUT" \
     python3 -m pytest -q -p no:cacheprovider tests/server -k core 2>&1 | tee "$OUT/server_tests.log" | tail -15
 fi
+GPUS=$(nvidia-smi -L | wc -l)
+if [ "$GPUS" -ge 2 ] && [ "$TESTS" != "none" ]; then  # tensor parallel on two GPU ranks (issue 26/28)
+  timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider tests/runtime/test_tensor_parallel_ranks.py \
+    2>&1 | tee "$OUT/tp_tests.log" | tail -5
+fi
 [ "$BENCH" = 1 ] || exit 0
 python3 tools/bench_gpu.py --shape "$SHAPE" --tokenizer .carry/llama3-tokenizer.json --requests "$REQUESTS" $HF $EXTRA 2>&1 \
   | tee "$OUT/bench_gpu.log" | grep -v "^\[bench_gpu.*verifying"
+if [ "$GPUS" -ge 2 ]; then  # the same decode figures at --tensor-parallel 2, beside N = 1's
+  mkdir -p "$OUT/tp2"
+  python3 tools/bench_gpu.py --shape "$SHAPE" --tokenizer .carry/llama3-tokenizer.json --tensor-parallel 2 \
+    --skip-hf --skip-serving --skip-structured --out "$OUT/tp2" 2>&1 | tee "$OUT/bench_gpu_tp2.log" \
+    | grep -v "^\[bench_gpu.*verifying"
+fi

@@ -73,6 +73,10 @@ class NativeModel:
         ranks = None
         try:
             if config.tensor_parallel > 1:
+                from dataclasses import replace
+
+                from ..execution.ranks import rank_device
+                config = replace(config, device=rank_device(config.device, 0))  # rank 0's own GPU, or the CPU
                 ranks = cls._start_ranks(core, config, progress)
             loaded = load_model(core, config, progress, ranks.shard(0) if ranks is not None else None)
             if loaded.device.type == "cuda":
@@ -112,12 +116,17 @@ class NativeModel:
 
         world = config.tensor_parallel
         check_shardable(core.recipe, world)
-        if resolve_device(config.device).type != "cpu":
-            raise ExecutionError("tensor parallel runs on CPU ranks (gloo) for now; the CUDA ranks (NCCL) are "
-                                 "issue 28's: serve with --device cpu, or without --tensor-parallel")
+        plan = plan_from_environment(world)
+        gpu = resolve_device(config.device).type == "cuda"
+        if gpu and plan is None:
+            import torch
+
+            if torch.cuda.device_count() < world:
+                raise ExecutionError(f"tensor parallel {world} needs {world} GPUs on this host, one per rank; "
+                                     f"{torch.cuda.device_count()} found")
         if progress:
-            progress(f"tensor parallel: starting {world - 1} more rank{'s' * (world > 2)} (gloo)")
-        return start_ranks(world, str(core.path), config, plan=plan_from_environment(world))
+            progress(f"tensor parallel: {world} ranks ({'NCCL' if gpu else 'gloo'})")
+        return start_ranks(world, str(core.path), config, plan=plan)
 
     @property
     def context_len(self) -> int:

@@ -71,11 +71,26 @@ class RankPlan:
     control_port: int  # rank 0 listens here for the other ranks' control connections
     authkey: bytes
 
-    def init_process_group(self, rank: int) -> None:
+    def init_process_group(self, rank: int, device: str = "cpu") -> None:
+        """Join the group: gloo for CPU ranks, NCCL for GPU ranks (``device`` is this rank's)."""
+        import torch
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://{self.master_addr}:{self.master_port}", rank=rank,
+        backend = "gloo"
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+            backend = "nccl"
+        dist.init_process_group(backend, init_method=f"tcp://{self.master_addr}:{self.master_port}", rank=rank,
                                 world_size=self.world, timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
+
+
+def rank_device(config_device: str, rank: int, environ=os.environ) -> str:
+    """A rank's device: its own GPU (LOCAL_RANK under torchrun, else the rank on one host), or the CPU."""
+    from ..model.loader import resolve_device
+
+    if resolve_device(config_device).type != "cuda":
+        return "cpu"
+    return f"cuda:{int(environ.get('LOCAL_RANK', rank))}"
 
 
 def _free_port(host: str) -> int:
@@ -347,7 +362,8 @@ class RankGroup:
 def start_ranks(world: int, core_path: str, config, *, host: str = "127.0.0.1",
                 plan: RankPlan | None = None) -> RankGroup:
     """Rank 0: spawn ranks 1..world-1 on this host (unless ``plan`` says torchrun started them),
-    join the process group, and hand each rank the core and the engine config."""
+    join the process group, and hand each rank the core and the engine config (``config.device``
+    is rank 0's; a GPU rank takes its own)."""
     share_cores(world)
     spawn = plan is None
     if spawn:
@@ -369,21 +385,19 @@ def start_ranks(world: int, core_path: str, config, *, host: str = "127.0.0.1",
             while len(links) < world - 1:
                 conn = listener.accept()
                 kind, rank = conn.recv()
-                links[rank] = _Link(rank, conn, processes.get(rank))
+                links[rank] = link = _Link(rank, conn, processes.get(rank))
+                link.send(("load", str(core_path), config))  # it joins the group once it knows its device
         except (OSError, EOFError):
             pass
         accepted.set()
 
     threading.Thread(target=accept, name="flare-rank-accept", daemon=True).start()
-    plan.init_process_group(0)  # returns once every rank joined
+    plan.init_process_group(0, config.device)  # returns once every rank joined
     if not accepted.wait(STARTUP_TIMEOUT_S) or len(links) < world - 1:
         listener.close()
         raise ExecutionError(f"only {len(links)} of {world - 1} tensor-parallel ranks connected")
     listener.close()
-    ordered = [links[rank] for rank in range(1, world)]
-    for link in ordered:
-        link.send(("load", str(core_path), config))
-    return RankGroup(plan, ordered)
+    return RankGroup(plan, [links[rank] for rank in range(1, world)])
 
 
 # -- ranks 1..N-1 ------------------------------------------------------------------
@@ -410,6 +424,8 @@ def _connect(plan: RankPlan) -> Connection:
 
 def run_rank(rank: int, plan: RankPlan) -> int:
     """A rank other than 0: load its shard, then run rank 0's submissions until it closes the group."""
+    import dataclasses
+
     from ..core.format import load_core
     from ..model.loader import load_model
     from ..model.tensor_parallel import TensorParallel
@@ -418,15 +434,20 @@ def run_rank(rank: int, plan: RankPlan) -> int:
     share_cores(plan.world)
     conn = _connect(plan)
     conn.send(("hello", rank))
-    plan.init_process_group(rank)
     _, core_path, config = conn.recv()
+    config = dataclasses.replace(config, device=rank_device(config.device, rank))
+    plan.init_process_group(rank, config.device)
     try:
         core = load_core(core_path, verify=False)  # rank 0 verified it
         loaded = load_model(core, config, None, TensorParallel(rank, plan.world))
+        if loaded.device.type == "cuda":
+            from .cuda import make_cuda_executor
+            executor = make_cuda_executor(loaded)  # captures with rank 0, collective by collective
+        else:
+            executor = CpuExecutor(loaded.programs, name=f"flare-rank{rank}-executor")
     except Exception as exc:  # noqa: BLE001 - rank 0 reports it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return 1
-    executor = CpuExecutor(loaded.programs, name=f"flare-rank{rank}-executor")
     send_lock = threading.Lock()
     conn.send(("ready", loaded.contract.num_pages))
     stop = threading.Event()

@@ -52,7 +52,13 @@ def use_kernels(programs: StepPrograms) -> None:
     from .kernels import slots
     from .kernels.sampling import apply_grammar_masks, greedy_tokens
 
-    programs.decoder.ops = cuda_ops()
+    ops = cuda_ops()
+    tp = programs.decoder.tensor_parallel
+    if tp is not None:  # a rank's shard: the collectives (NCCL, captured with the graphs) around the kernels
+        from .tensor_parallel import tensor_parallel_ops
+        ops = tensor_parallel_ops(ops, rank=tp.rank, world=tp.world, vocab_size=programs.decoder.spec.vocab_size,
+                                  group=tp.group)
+    programs.decoder.ops = ops
     programs.greedy_tokens = greedy_tokens
     programs.apply_grammar_masks = apply_grammar_masks
     contract = programs.contract

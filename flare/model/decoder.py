@@ -145,6 +145,7 @@ class Decoder:
         cos, sin = rope_table(spec, max_positions, self.device)
         self.rope_cos, self.rope_sin = cos, sin
         self.ops = ops
+        self.tensor_parallel = None  # a TensorParallel when this is one rank's shard (model/tensor_parallel.py)
         self.scale = spec.head_dim ** -0.5
         self.arch = architectures.get(spec.family)
         features = self.arch.features(spec)

@@ -87,28 +87,49 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_weights(core: PreparedWeights, device: torch.device,
-                 progress: Progress | None = None) -> dict[str, torch.Tensor]:
+def load_weights(core: PreparedWeights, device: torch.device, progress: Progress | None = None, *,
+                 shard: TensorParallel | None = None) -> dict[str, torch.Tensor]:
     """Every weight of the core onto ``device``, reported as one task in bytes (tensor by
-    tensor: safetensors' load_file, unrolled)."""
+    tensor: safetensors' load_file, unrolled). With ``shard``, each tensor is read on the host,
+    checked, cut to the rank's slice and only that moved to ``device``: a rank never holds the
+    whole model, on the device or (beyond one tensor) on the host."""
     expected = runtime_weight_shapes(core.recipe)
     weights: dict[str, torch.Tensor] = {}
     total = sum(math.prod(shape) for shape in expected.values()) * getattr(torch, core.dtype).itemsize
     files = core.weight_files
-    with reporter(progress).task(f"loading {len(files)} weight file{'s' * (len(files) != 1)} onto {device}",
+    read_on = "cpu" if shard is not None else str(device)
+    with reporter(progress).task(f"loading {len(files)} weight file{'s' * (len(files) != 1)} onto {device}"
+                                 + (f" (rank {shard.rank} of {shard.world}'s shard)" if shard is not None else ""),
                                  total=total) as advance:
         for path in files:
-            with safe_open(str(path), framework="pt", device=str(device)) as f:
+            with safe_open(str(path), framework="pt", device=read_on) as f:
                 for name in f.keys():
-                    weights[name] = tensor = f.get_tensor(name)
+                    tensor = f.get_tensor(name)
+                    _check_shape(name, tensor, expected)
                     advance(tensor.numel() * tensor.element_size())
+                    if shard is not None:
+                        tensor = shard_weights({name: tensor}, core.recipe, shard.rank, shard.world)[name].to(device)
+                    weights[name] = tensor
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise FrontendError(f"core weights lack {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise FrontendError(f"core weight {name} has shape {tuple(weights[name].shape)}, expected {shape}")
     return weights
+
+
+def _check_shape(name: str, tensor: torch.Tensor, expected: dict) -> None:
+    shape = expected.get(name)
+    if shape is not None and tuple(tensor.shape) != shape:
+        raise FrontendError(f"core weight {name} has shape {tuple(tensor.shape)}, expected {shape}")
+
+
+def _agree_on_pages(num_pages: int, device: torch.device, tp: TensorParallel) -> int:
+    """Every rank's page count, made the smallest of them: rank 0's scheduler hands out page IDs
+    for all ranks, and on GPUs each rank sized its pool from its own free memory."""
+    import torch.distributed as dist
+
+    count = torch.tensor([num_pages], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN, group=tp.group)
+    return int(count.item())
 
 
 def plan_kv(core: PreparedWeights, config: EngineConfig, device: torch.device, max_active: int,
@@ -152,11 +173,13 @@ def load_model(core: PreparedWeights, config: EngineConfig = EngineConfig(), pro
     else:
         check_shardable(core.recipe, tp.world)
         spec = shard_spec(core.recipe, tp.world)
-        weights = shard_weights(load_weights(core, device, progress), core.recipe, tp.rank, tp.world)
+        weights = load_weights(core, device, progress, shard=tp)
         ops = tensor_parallel_ops(DecoderOps(), rank=tp.rank, world=tp.world, vocab_size=spec.vocab_size,
                                   group=tp.group)
         decoder = Decoder(spec, weights, max_positions=core.contract.context, ops=ops)
+        decoder.tensor_parallel = tp
         num_pages, rows = plan_kv(core, config, device, max_active, spec)
+        num_pages = _agree_on_pages(num_pages, device, tp)
     contract = PreparedContract.build(
         max_active=max_active, context=core.contract.context,
         prefill_chunk_size=core.contract.prefill_chunk_size, num_pages=num_pages,

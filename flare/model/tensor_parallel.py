@@ -142,10 +142,16 @@ def tensor_parallel_ops(base: DecoderOps, *, rank: int, world: int, vocab_size: 
         return base.rms_norm(x, weight, eps), x
 
     def row_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # float32 partials summed in float32, rounded once: as close to one rank's product as it gets
-        partial = F.linear(x.float(), w.float())
+        if w.device.type == "cpu":
+            # float32 partials summed in float32, rounded once: as close to one rank's product as it gets
+            partial = F.linear(x.float(), w.float())
+            dist.all_reduce(partial, group=group)
+            return partial.to(w.dtype)
+        # on a GPU the partial stays in the model dtype (as vLLM and SGLang sum it): a float32 copy of
+        # the weight every step would cost more than the exactness it buys
+        partial = base.linear(x, w)
         dist.all_reduce(partial, group=group)
-        return partial.to(x.dtype)
+        return partial
 
     def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
