@@ -19,8 +19,10 @@ A step completes when every rank has reported it.
 
 Failure:
 
-- A rank whose connection closes, or that reports nothing for :data:`RANK_TIMEOUT_S`
-  while rank 0 waits on it, fails the executor with an error naming the rank.
+- A rank whose connection closes, whose heartbeat (every :data:`HEARTBEAT_S`) stops for
+  :data:`RANK_SILENT_S`, or that reports nothing for :data:`RANK_TIMEOUT_S` while rank 0
+  waits on it, fails the executor with an error naming the rank. A stopped rank leaves the
+  others blocked inside a collective, so only its silence names it.
 - The runtime then ends every request with that error, and the server exits 1.
 - :meth:`TensorParallelExecutor.close` drains every rank and waits for their processes.
 
@@ -56,6 +58,9 @@ from .base import ExecutionCompletion, FenceTimeline
 log = logging.getLogger("flare.ranks")
 
 RANK_TIMEOUT_S = 5.0  # a rank silent this long while rank 0 waits on it has failed
+HEARTBEAT_S = 0.5  # every rank's reporting thread says it is alive this often
+RANK_SILENT_S = 3.0  # no message (report or heartbeat) for this long: the rank stopped answering
+FAILED_CLOSE_S = 0.5  # after a failure: how long ranks get to exit before they are killed
 RANK_GONE_WAIT_S = 1.0  # after a failed collective: how long to look for the rank that caused it
 STARTUP_TIMEOUT_S = 600.0  # every rank must have loaded its shard by then
 AUTHKEY_ENV = "FLARE_TP_AUTHKEY"
@@ -129,6 +134,7 @@ class _Link:
         self._reports: collections.deque = collections.deque()
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self.last_seen = time.monotonic()
 
     def start_reader(self, on_failure) -> None:
         def read() -> None:
@@ -138,6 +144,9 @@ class _Link:
                 except (EOFError, OSError):
                     self._fail(self._gone("its connection closed"), on_failure)
                     return
+                self.last_seen = time.monotonic()
+                if message[0] == "alive":
+                    continue
                 with self._cond:
                     self._reports.append(message)
                     self._cond.notify_all()
@@ -241,7 +250,16 @@ class TensorParallelExecutor(FenceTimeline):
         self._broadcast(("release", fence, payload))
         self.local.release(fence, uploads)
 
+    def _check_heartbeats(self) -> None:
+        now = time.monotonic()
+        for link in self.links:
+            if link.failure is None and now - link.last_seen > RANK_SILENT_S:
+                link._fail(link._gone(f"it stopped answering (nothing for {now - link.last_seen:.1f} s)"),
+                           self._on_failure)
+
     def poll(self, timeout: float = 0.0) -> ExecutionCompletion | None:
+        if self._submitted:
+            self._check_heartbeats()
         if self._failure is not None and self._submitted:
             return self._failed_completion(self._failure)
         done = self.local.poll(timeout)
@@ -306,8 +324,10 @@ class TensorParallelExecutor(FenceTimeline):
                 pass
         closer = threading.Thread(target=self.local.close, name="flare-rank0-close", daemon=True)
         closer.start()
-        closer.join(RANK_TIMEOUT_S if failed else None)  # a failed peer may leave a collective hanging
-        deadline = time.monotonic() + (RANK_TIMEOUT_S if failed else 60.0)
+        # A failed group cannot drain: its collectives wait on the failed rank. Its ranks get half a
+        # second, then are killed, which also ends rank 0's own collective in flight.
+        closer.join(FAILED_CLOSE_S if failed else None)
+        deadline = time.monotonic() + (FAILED_CLOSE_S if failed else 60.0)
         for link in self.links:
             if link.process is not None:
                 try:
@@ -451,11 +471,20 @@ def run_rank(rank: int, plan: RankPlan) -> int:
     send_lock = threading.Lock()
     conn.send(("ready", loaded.contract.num_pages))
     stop = threading.Event()
+    submitted = threading.Event()
 
     def report() -> None:
+        beat = time.monotonic()
         while not stop.is_set() or executor.outstanding:
+            if not executor.outstanding:  # idle: wait for a submission (poll would return at once)
+                submitted.wait(HEARTBEAT_S)
+                submitted.clear()
             done = executor.poll(0.05)
             if done is None:
+                if time.monotonic() - beat >= HEARTBEAT_S:  # alive, even while a collective waits
+                    beat = time.monotonic()
+                    with send_lock:
+                        conn.send(("alive",))
                 continue
             error = None if done.error is None else str(done.error)
             with send_lock:
@@ -471,9 +500,11 @@ def run_rank(rank: int, plan: RankPlan) -> int:
                 if executor.next_fence != fence:
                     raise ExecutionError(f"rank {rank} expected fence {executor.next_fence}, rank 0 sent {fence}")
                 executor.submit(graph, uploads, held)
+                submitted.set()
             elif message[0] == "release":
                 executor.release(message[1], message[2])
             elif message[0] == "close":
+                submitted.set()
                 break
     except (EOFError, OSError):
         os._exit(1)  # rank 0 is gone: nothing to drain for
