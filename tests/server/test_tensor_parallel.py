@@ -145,3 +145,37 @@ def test_heads_that_do_not_divide_are_refused_before_any_rank_starts():
     assert done.returncode == 1
     assert "9" in done.stderr and "divide" in done.stderr, done.stderr[-2000:]
     assert "Flare listening" not in done.stderr
+
+
+def test_ranks_started_by_a_launcher_meet_through_its_environment(single):
+    """torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and a shared
+    FLARE_TP_AUTHKEY: three processes started apart; rank 0 serves, the others run its steps."""
+    from server_harness import start_subprocess
+
+    port = _free_port()
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "3",
+              "FLARE_TP_AUTHKEY": "a shared secret"}
+    flags = [*KV, "--tensor-parallel", "3"]
+    others = [subprocess.Popen([*FLARE_SERVE, *flags], env={**os.environ, **common, "RANK": str(r),
+                                                           "LOCAL_RANK": str(r)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (1, 2)]
+    try:
+        served = start_subprocess([*FLARE_SERVE, "--host", "127.0.0.1", "--port", "0", *flags], kind="demo",
+                                  env={**common, "RANK": "0", "LOCAL_RANK": "0"})
+        assert children(served.process.pid) == []  # nothing spawned: the launcher started the ranks
+        got, _ = chat(client(served), served.model, PROMPTS[1])
+        assert got == chat(client(single), single.model, PROMPTS[1])[0]
+        assert served.stop() == 0
+        assert [p.wait(30) for p in others] == [0, 0]  # drained by rank 0
+    finally:
+        for p in others:
+            if p.poll() is None:
+                p.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
