@@ -1,6 +1,6 @@
 """The Executor protocol (flare/execution/base.py) names every parameter its implementations take.
 
-CpuExecutor, GraphExecutor and FakeExecutor are driven by the same runtime code, so each
+CpuExecutor, GraphExecutor, FakeExecutor and TensorParallelExecutor are driven by the same runtime code, so each
 protocol member must exist on each of them with the same parameters, defaults and kinds;
 and the grammar-constrained rule (reserved for structured output) holds on the fake too.
 """
@@ -16,9 +16,10 @@ from flare.errors import ExecutionError
 from flare.execution.base import Executor
 from flare.execution.cpu import CpuExecutor
 from flare.execution.cuda import GraphExecutor
+from flare.execution.ranks import TensorParallelExecutor
 from flare.testing.fake_executor import FakeExecutor
 
-IMPLEMENTATIONS = (CpuExecutor, GraphExecutor, FakeExecutor)
+IMPLEMENTATIONS = (CpuExecutor, GraphExecutor, FakeExecutor, TensorParallelExecutor)
 MEMBERS = ("next_fence", "outstanding", "completed_fence", "can_submit", "submit", "poll", "release", "close")
 
 
