@@ -61,6 +61,7 @@ RANK_TIMEOUT_S = 5.0  # a rank silent this long while rank 0 waits on it has fai
 HEARTBEAT_S = 0.5  # every rank's reporting thread says it is alive this often
 RANK_SILENT_S = 3.0  # no message (report or heartbeat) for this long: the rank stopped answering
 FAILED_CLOSE_S = 0.5  # after a failure: how long ranks get to exit before they are killed
+FAILED_JOIN_S = 2.0  # then how long rank 0's own executor gets to leave its broken collective
 RANK_GONE_WAIT_S = 1.0  # after a failed collective: how long to look for the rank that caused it
 STARTUP_TIMEOUT_S = 600.0  # every rank must have loaded its shard by then
 AUTHKEY_ENV = "FLARE_TP_AUTHKEY"
@@ -336,11 +337,17 @@ class TensorParallelExecutor(FenceTimeline):
                     log.warning("tensor-parallel rank %d did not exit; killing it", link.rank)
                     link.process.kill()
             link.conn.close()
-        if not failed:
-            import torch.distributed as dist
+        if failed:
+            # the killed ranks' closed sockets end rank 0's own collective: let that thread finish,
+            # so the group's threads are joined before the process exits (else C++ aborts the exit)
+            closer.join(FAILED_JOIN_S)
+            if closer.is_alive():
+                log.warning("rank 0's executor is still inside a collective; exiting without it")
+                return
+        import torch.distributed as dist
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class RankGroup:
