@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.errors import CoreError, FrontendError
 from flare.request import GenerationDefaults
-from tests.model.harness import save_tiny
+from tests.model.harness import save_tiny_llama
 
 WEIGHTS = "weights-00001.safetensors"
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
@@ -28,11 +27,7 @@ TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> Path:
     """A tiny exported core (2 layers, hidden 32) with a chat template."""
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256))
-    checkpoint = save_tiny(model, tmp_path_factory.mktemp("ckpt"))
+    checkpoint = save_tiny_llama(tmp_path_factory.mktemp("ckpt"))
     (checkpoint / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE, "eos_token": "t2"}))
     return export_core(checkpoint, tmp_path_factory.mktemp("cores") / "core",
                        ExportOptions(context=256, prefill_chunk_size=128, max_active=4, served_names=("tiny",)))

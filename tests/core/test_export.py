@@ -9,24 +9,18 @@ import sys
 
 import numpy as np
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from flare.config import EngineConfig
 from flare.core.export import ExportOptions, export_core
 from flare.core.format import load_core
 from flare.errors import FrontendError
 from flare.request import GenerationDefaults
-from tests.model.harness import save_tiny
+from tests.model.harness import save_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256))
-    return save_tiny(model, tmp_path_factory.mktemp("ckpt"))
+    return save_tiny_llama(tmp_path_factory.mktemp("ckpt"))
 
 
 def _leftovers(parent):

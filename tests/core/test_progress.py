@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-import torch
 from rich.console import Console
 
 from flare.progress import LineProgress, Reporter, TerminalProgress, reporter, stage_reporter, usable_terminal
@@ -183,15 +182,9 @@ def test_a_usable_terminal_is_a_tty_whose_term_is_not_dumb(monkeypatch):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.model.harness import save_tiny_llama
 
-    from tests.model.harness import save_tiny
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256))
-    return save_tiny(model, tmp_path_factory.mktemp("ckpt"))
+    return save_tiny_llama(tmp_path_factory.mktemp("ckpt"))
 
 
 def _export_argv(checkpoint, out) -> list[str]:

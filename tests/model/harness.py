@@ -37,6 +37,17 @@ def save_tiny(model, path: Path) -> Path:
     return path
 
 
+def save_tiny_llama(path: Path, max_positions: int = 256) -> Path:
+    """The smallest exportable Llama checkpoint (2 layers, hidden 32, vocab 128), seeded 0."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=max_positions))
+    return save_tiny(model, path)
+
+
 class Harness:
     def __init__(self, core_dir: Path, *, max_active: int = 4, kv_bytes: int = 64 << 20, device: str = "cpu",
                  mixed_prefill: bool | None = None):

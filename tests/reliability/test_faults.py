@@ -132,15 +132,9 @@ HOSTILE_TEMPLATES = {
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.model.harness import save_tiny_llama
 
-    from tests.model.harness import save_tiny
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512))
-    return save_tiny(model, tmp_path_factory.mktemp("ckpt"))
+    return save_tiny_llama(tmp_path_factory.mktemp("ckpt"), max_positions=512)
 
 
 def _serve_with_template(checkpoint: Path, out: Path, template: str, *flags: str):
