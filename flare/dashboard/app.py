@@ -1,8 +1,9 @@
 """The running dashboard: a display thread, a key reader, and the log lines it shows.
 
 ``flare run`` / ``flare-serve`` start a :class:`Dashboard` after loading when stderr is a
-usable terminal (:func:`usable_terminal`) and ``--no-dashboard`` is not given. It draws with
-rich's ``Live`` on the alternate screen of stderr, twice a second and after each key.
+usable terminal (:func:`flare.progress.usable_terminal`, the progress bars' test too) and
+``--no-dashboard`` is not given. It draws with rich's ``Live`` on the alternate screen of
+stderr, twice a second and after each key.
 
 - Telemetry exists only while it runs: :meth:`start` asks the engine for its completion
   trace (flare/engine/trace.py), :meth:`stop` gives it back.
@@ -43,15 +44,6 @@ _KEYS = {
     b"\x1b[Z": (-1, 0), b"\x1b[A": (0, -1), b"\x1bOA": (0, -1), b"\x1b[B": (0, 1), b"\x1bOB": (0, 1),
     b"\x1b[5~": (0, -10), b"\x1b[6~": (0, 10),
 }
-
-
-def usable_terminal(stream: TextIO) -> bool:
-    """A terminal the dashboard can draw on: a tty whose TERM is set and not 'dumb'."""
-    try:
-        is_tty = stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-    return is_tty and os.environ.get("TERM", "") not in ("", "dumb")
 
 
 def parse_keys(data: bytes) -> list[tuple[int, int]]:
@@ -105,7 +97,6 @@ class Dashboard:
         self._termios: tuple[int, list] | None = None
         self._capture: _Capture | None = None
         self._moved: list[logging.Handler] = []
-        self.frames = 0
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -242,7 +233,6 @@ class Dashboard:
                     view = self.view(width, height)
                     self.scroll = min(self.scroll, max(0, len(self.state.rows) - 1))
                     live.update(frame(self.state, now, view), refresh=True)
-                    self.frames += 1
                     self._wake.wait(REFRESH_S)
                     self._wake.clear()
         except Exception:  # noqa: BLE001 - the server goes on without its display

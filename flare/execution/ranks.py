@@ -395,7 +395,7 @@ def start_ranks(world: int, core_path: str, config, *, host: str = "127.0.0.1",
     spawn = plan is None
     if spawn:
         plan = RankPlan(world, host, _free_port(host), _free_port(host), secrets.token_bytes(16))
-    listener = Listener((plan.master_addr if not spawn else host, plan.control_port), authkey=plan.authkey)
+    listener = Listener((plan.master_addr, plan.control_port), authkey=plan.authkey)
     processes: dict[int, subprocess.Popen] = {}
     if spawn:
         env = {**os.environ, AUTHKEY_ENV: plan.authkey.hex()}

@@ -214,7 +214,7 @@ class Application:
         request.route = route
         request.params = {"tail": tail} if tail is not None else None
         if route.needs_auth and self._api_key is not None and not self._is_authorized(request):
-            self._log_refused(request, 401, "invalid_api_key")
+            self._log_refused(route.name, 401, request.received_at, "invalid_api_key")
             return self._count(route.errors(401, "missing or invalid bearer token (Authorization: Bearer KEY, "
                                                  "or x-api-key: KEY)",
                                             code="invalid_api_key", headers=((b"www-authenticate", b"Bearer"),)))
@@ -223,13 +223,13 @@ class Application:
             if state.is_draining or state.admission.is_paused:
                 reason = "the server is shutting down" if state.is_draining else "admission is paused"
                 state.admission.num_refused_paused += 1
-                self._log_refused(request, 503, "admission_paused")
+                self._log_refused(route.name, 503, request.received_at, "admission_paused")
                 return self._count(route.errors(503, f"{reason}; not accepting generation requests",
                                                 code="admission_paused", headers=((b"retry-after", b"1"),)))
             permit = state.admission.try_acquire()
             if permit is None:
                 admission = state.admission
-                self._log_refused(request, 429, "http_capacity_exhausted")
+                self._log_refused(route.name, 429, request.received_at, "http_capacity_exhausted")
                 return self._count(state.error_for(Error(
                     f"HTTP admission capacity exhausted: {admission.num_in_use} of {admission.capacity} requests "
                     f"in progress (queue_capacity + max_active)", status=429, code="http_capacity_exhausted"),
@@ -254,7 +254,7 @@ class Application:
         try:
             result = route.handler(request, conn)
         except Error as exc:
-            self._log_refused(request, exc.status, exc.code)
+            self._log_refused(route.name, exc.status, request.received_at, exc.code)
             return self._count(self.state.error_for(exc, route.errors))
         if type(result) is Response:
             return self._count(result)
@@ -264,7 +264,7 @@ class Application:
         try:
             response = await pending
         except Error as exc:  # raised before generate(), which answers (and logs) its own errors
-            self._log_refused(request, exc.status, exc.code)
+            self._log_refused(request.route.name, exc.status, request.received_at, exc.code)
             response = self.state.error_for(exc, request.route.errors)
         if response is not None:
             self._count(response)
@@ -292,15 +292,14 @@ class Application:
             route, _, _ = self.router.resolve(*target)
             if route is not None:
                 errors = route.errors
-                if route.name is not None and self.state.config.log_requests:
-                    log_request(route.name, status, None, error=f"http_{status}")
+                self._log_refused(route.name, status, None, f"http_{status}")
         return self._count(errors(status, message, code=f"http_{status}"))
 
-    def _log_refused(self, request: HttpRequest, status: int, code: str) -> None:
-        """The log line of a generation request answered before generate() (server/generation.py)."""
-        name = request.route.name
+    def _log_refused(self, name: str | None, status: int, start: float | None, code: str) -> None:
+        """The log line of a generation request (route ``name``) answered before generate()
+        (server/generation.py); ``start`` is its arrival, None when the request never completed."""
         if name is not None and self.state.config.log_requests:
-            log_request(name, status, request.received_at, error=code)
+            log_request(name, status, start, error=code)
 
     def _count(self, response: Response) -> Response:
         self.state.metrics.count_response(response.status)

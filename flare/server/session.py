@@ -418,7 +418,8 @@ def start_dashboard(engine: Engine, config: ServerConfig, url: str):
     if not config.dashboard:
         return None
     from .. import __version__
-    from ..dashboard.app import Dashboard, usable_terminal
+    from ..dashboard.app import Dashboard
+    from ..progress import usable_terminal
 
     if not usable_terminal(sys.stderr):
         return None
