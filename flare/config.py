@@ -89,6 +89,9 @@ class ServerConfig:
     log_level: str = "info"  # debug, info, warning, error or critical
     log_requests: bool = True  # one info line per finished request (route family, status, tokens, times)
     dashboard: bool = True  # the terminal dashboard, when stderr is a usable terminal (docs/dashboard.md)
+    # a prompt that carries a finished output back (the next turn) gets the tokens it was
+    # generated with, not its re-encoding, so the prefix cache covers it (frontend/continuations.py)
+    reuse_output_tokens: bool = True
     context_hint: str = ""  # appended to context-length errors: the setting that raises the limit
     capacity_hint: str = ""  # appended to 429/503 capacity errors: the setting that raises the limit
     generation_config: str = "model"  # request defaults: the core's generation values, or "none" (OpenAI's)

@@ -15,18 +15,21 @@ from ..config import ServerConfig
 from ..core.format import Core, load_core
 from ..errors import FrontendError
 from ..frontend.annotations import sha256_hex
+from ..frontend.continuations import GeneratedSpans
 from ..frontend.frontend import AssetFingerprints, Frontend, RequestTemplates, TokenSettings, read_template_file
 from ..frontend.parsers import served, syntax_of
 from ..frontend.parsers.detect import detect as detect_parsers
 from ..frontend.template.limits import TemplateLimits
 from ..request import (
     EventSink,
+    FinishEvent,
     GenerationDefaults,
     GrammarRequest,
     ModelCard,
     ModelDetails,
     PreparedPrompt,
     SamplingParams,
+    TokenEvent,
 )
 from .model import NativeModel, core_identity
 from .telemetry import EngineStats
@@ -109,9 +112,12 @@ class NativeEngine:
     """Implements flare.engine.base.Engine for a prepared core."""
 
     def __init__(self, model: NativeModel, frontend: Frontend, served_names: Sequence[str] = (),
-                 special_markers: Mapping[str, int] | None = None):
+                 special_markers: Mapping[str, int] | None = None, reuse_output_tokens: bool = True):
         self.model = model
         self.frontend = frontend
+        # Finished outputs, so that a prompt carrying one back is tokenized as it was generated
+        # (frontend/continuations.py); None with --no-reuse-output-tokens.
+        self.generated = GeneratedSpans(frontend.token_bytes) if reuse_output_tokens else None
         # Output-parser markers that are special tokens (kept in the output text), by text:
         # a forced tool call's grammar writes them as those tokens.
         self.special_markers = dict(special_markers or {})
@@ -168,7 +174,7 @@ class NativeEngine:
             say(f"structured output: grammar engine ready in {time.perf_counter() - started:.1f} s")
         else:
             log.warning("structured output is unavailable (constrained requests get a 400): %s", unavailable)
-        return cls(model, frontend, config.served_names, markers)
+        return cls(model, frontend, config.served_names, markers, config.reuse_output_tokens)
 
     @property
     def failure(self):
@@ -177,12 +183,12 @@ class NativeEngine:
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
                      options: Mapping[str, Any], chat_template: str | None = None) -> PreparedPrompt:
         frontend = self.frontend if chat_template is None else self.request_templates.get(chat_template)
-        return frontend.prepare_chat(messages, tools, options)
+        return self._as_generated(frontend.prepare_chat(messages, tools, options))
 
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:
         if isinstance(prompt, str):
             ids = self.frontend.encode(prompt, add_special_tokens=True)
-            return PreparedPrompt(np.asarray(ids, dtype=np.int32), (), prompt)
+            return self._as_generated(PreparedPrompt(np.asarray(ids, dtype=np.int32), (), prompt))
         ids = np.asarray(list(prompt), dtype=np.int64)
         vocab = self.model.core.recipe.vocab_size
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
@@ -204,14 +210,43 @@ class NativeEngine:
     def prepare_grammar(self, request: GrammarRequest):
         return self.model.prepare_grammar(request)
 
+    def _as_generated(self, prompt: PreparedPrompt) -> PreparedPrompt:
+        """The prompt with the outputs it carries back spelled as they were generated."""
+        if self.generated is None:
+            return prompt
+        spliced = self.generated.splice(prompt.token_ids)
+        if not spliced.spans:
+            return prompt
+        return PreparedPrompt(spliced.token_ids, spliced.moved(prompt.message_endpoints), prompt.text)
+
     def submit(self, prompt: PreparedPrompt, params: SamplingParams, sink: EventSink, grammar=None):
-        return self.model.submit(prompt, params, sink, grammar)
+        if self.generated is None:
+            return self.model.submit(prompt, params, sink, grammar)
+        outputs: list[int] = []
+        generated = self.generated
+
+        def recording(event) -> None:  # on the model thread, before the event goes on
+            if type(event) is TokenEvent:
+                outputs.extend(event.token_ids)
+            elif type(event) is FinishEvent:
+                generated.record(prompt.token_ids, outputs)
+            sink(event)
+
+        return self.model.submit(prompt, params, recording, grammar)
 
     def stats(self) -> EngineStats:
         grammars = self.model.grammars.stats()
         return replace(self.model.runtime.stats(), grammar_compiles=grammars.compiles,
                        grammar_compile_errors=grammars.compile_errors, grammar_cache_hits=grammars.cache_hits,
-                       grammar_compile_seconds=grammars.compile_seconds, grammars_cached=grammars.cached)
+                       grammar_compile_seconds=grammars.compile_seconds, grammars_cached=grammars.cached,
+                       **self._reuse_stats())
+
+    def _reuse_stats(self) -> dict:
+        if self.generated is None:
+            return {}
+        reuse = self.generated.stats()
+        return {"outputs_carried_back": reuse.prompts, "reused_output_tokens": reuse.tokens,
+                "outputs_recorded": reuse.entries}
 
     def start_trace(self):
         """Dashboard telemetry on: the runtime's CompletionTrace (flare/engine/trace.py)."""

@@ -72,6 +72,10 @@ class EngineStats:
     grammar_cache_hits: int = _stat(COUNTER, "Structured-output constraints served from the compiled-grammar cache.")
     grammar_compile_seconds: float = _stat(COUNTER, "Wall time spent compiling structured-output constraints.")
     grammars_cached: int = _stat(GAUGE, "Compiled grammars held by the grammar cache.")
+    outputs_carried_back: int = _stat(COUNTER, "Requests that carried a recorded output back and took the tokens "
+                                               "it was generated with in place of its re-encoding.")
+    reused_output_tokens: int = _stat(COUNTER, "Prompt tokens taken from recorded outputs (frontend/continuations.py).")
+    outputs_recorded: int = _stat(GAUGE, "Finished requests' outputs held for the next turns that carry them back.")
     speculative_verification_steps: int = _stat(COUNTER, "Completed speculative (verification) graphs.")
     speculative_drafter_steps: int = _stat(COUNTER, "Learned-proposal depth D summed over completed speculative "
                                                     "programs (copy proposals contribute none).")

@@ -73,6 +73,8 @@ _SWITCHES = (
 _TOGGLES = (
     ("--log-requests", "log_requests", "log one line per finished request (no prompt text)"),
     ("--dashboard", "dashboard", "show the terminal dashboard when stderr is a terminal (plain logs otherwise)"),
+    ("--reuse-output-tokens", "reuse_output_tokens", "tokenize a prompt that carries an earlier output back with "
+                                                     "the tokens it was generated with, so the prefix cache covers it"),
 )
 
 

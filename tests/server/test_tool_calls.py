@@ -168,29 +168,59 @@ def test_ollama_required_returns_tool_calls_with_object_arguments(served):
 
 
 def test_the_tool_result_turn_re_renders_the_generated_call(served):
-    """Turn two re-renders the model's call exactly as it was generated (the arguments string
-    goes back verbatim, the grammar wrote the template's spacing), and reuses turn one's prompt.
-
-    Token for token the reuse can stop inside the call: the grammar lets the model spell the
-    call with tokens the tokenizer would not choose (the demo writes '"' then ',' where the
-    tokenizer has '",'), and the prefix cache matches token IDs. docs/api.md says so."""
+    """Turn two re-renders the model's call byte for byte as it was generated (the arguments
+    string goes back verbatim, the grammar wrote the template's spacing), and token for token:
+    the grammar let the model spell the call with tokens the tokenizer would not choose (the
+    demo writes '"' then ',' where the tokenizer has '",'), and the prompt takes the tokens
+    the call was generated with in place of their re-encoding (frontend/continuations.py),
+    so the prefix cache covers turn one's prompt and the call."""
     client = _openai(served)
     messages = list(ASK)
+    reused = metric(served, "flare_outputs_carried_back_total")
     first = client.chat.completions.create(model=served.model, messages=messages, tools=[WEATHER],
                                            tool_choice={"type": "function", "function": {"name": "get_weather"}},
                                            temperature=0, max_tokens=160, logprobs=True)
     reply = first.choices[0].message
     assert reply.tool_calls
-    generated = "".join(token.token for token in first.choices[0].logprobs.content)
+    generated = [token.token for token in first.choices[0].logprobs.content]
     messages += [reply.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": '{"temperature": 21}'}]
     status, tokens = post_json(served, "/tokenize", {"model": served.model, "messages": messages, "tools": [WEATHER]})
     assert status == 200
-    status, text = post_json(served, "/detokenize", {"tokens": tokens["tokens"][first.usage.prompt_tokens:]})
-    assert text["prompt"].startswith(generated.rstrip("\n")), (text["prompt"][:200], generated)
+    call = tokens["tokens"][first.usage.prompt_tokens:first.usage.prompt_tokens + len(generated)]
+    spelled = [post_json(served, "/detokenize", {"tokens": [token]})[1]["prompt"] for token in call]
+    assert spelled == generated
+    # the demo's call is not the tokenizer's own spelling of it, so the tokens came from the record
+    assert metric(served, "flare_outputs_carried_back_total") > reused
     second = client.chat.completions.create(model=served.model, messages=messages, tools=[WEATHER],
                                             temperature=0, max_tokens=4)
-    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    # the call's last token was sampled, never fed: the cache holds everything before it
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens + len(generated) - 1
+
+
+def test_without_reused_output_tokens_the_call_is_re_encoded():
+    """--no-reuse-output-tokens: the prompt is the tokenizer's encoding of the rendered text,
+    so the demo's non-canonical '"' ',' comes back as '",' and the cache stops inside the call."""
+    template = fixtures.ensure_fixtures() / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    server = launch("demo", extra_flags=("--chat-template", str(template), "--no-reuse-output-tokens"))
+    try:
+        client = _openai(server)
+        first = client.chat.completions.create(model=server.model, messages=ASK, tools=[WEATHER],
+                                               tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                               temperature=0, max_tokens=160, logprobs=True)
+        reply = first.choices[0].message
+        generated = [token.token for token in first.choices[0].logprobs.content]
+        messages = [*ASK, reply.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": '{"temperature": 21}'}]
+        status, tokens = post_json(server, "/tokenize", {"model": server.model, "messages": messages,
+                                                         "tools": [WEATHER]})
+        assert status == 200
+        call = tokens["tokens"][first.usage.prompt_tokens:first.usage.prompt_tokens + len(generated)]
+        spelled = [post_json(server, "/detokenize", {"tokens": [token]})[1]["prompt"] for token in call]
+        assert '",' in spelled and spelled != generated
+        assert metric(server, "flare_outputs_carried_back_total") == 0
+    finally:
+        server.stop()
 
 
 REASONED = r"<think>\nThe user wants the capital\.\n</think>\n\nParis\."
