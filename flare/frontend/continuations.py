@@ -8,13 +8,13 @@ conversation renders the assistant's text back into the prompt, and re-encoding 
 the canonical tokens, so the prompt differs from what the model saw and the prefix cache
 (which matches token IDs) stops at the first such spot.
 
-So each finished request leaves its visible output tokens here, keyed by a hash of its
-prompt's tokens. When a new prompt starts with a recorded prompt, and its bytes after that
-point start with the recorded output's bytes, the output's own tokens replace the canonical
-ones over the longest stretch where both tokenizations end on the same byte. The text is
-unchanged, so the model reads exactly what it wrote, and the cache covers it. Recorded
-prompts are tried in increasing length over the prompt as already replaced, so a
-conversation of many turns reuses every turn.
+So each finished request leaves its visible output tokens here, keyed by its prompt's
+prefix key (the prefix cache's own key chain, cache/history.py). When a new prompt starts
+with a recorded prompt, and its bytes after that point start with the recorded output's
+bytes, the output's own tokens replace the canonical ones over the longest stretch where
+both tokenizations end on the same byte. The text is unchanged, so the model reads exactly
+what it wrote, and the cache covers it. Recorded prompts are tried in increasing length
+over the prompt as already replaced, so a conversation of many turns reuses every turn.
 
 Bounded: at most ``capacity`` entries and ``max_tokens`` output tokens in all (the oldest
 go first); outputs longer than ``max_entry_tokens`` are not kept. Thread-safe.
@@ -22,7 +22,6 @@ go first); outputs longer than ``max_entry_tokens`` are not kept. Thread-safe.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -30,9 +29,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..cache.history import PrefixHistory
+
 CAPACITY = 4096  # recorded outputs
-MAX_TOKENS = 2_000_000  # output tokens held in all (8 MB of int32 plus their bytes)
+MAX_TOKENS = 2_000_000  # output tokens held in all (8 MB of int32, plus the bytes of those carried back)
 MAX_ENTRY_TOKENS = 32_768  # a longer output is not kept
+# The keys' identity: one store serves one model, so any fixed 32 bytes do.
+IDENTITY = bytes(32)
 
 
 @dataclass(frozen=True)
@@ -66,17 +69,14 @@ class Spliced:
 
 
 class _Entry:
-    __slots__ = ("length", "tokens", "data", "ends")
+    __slots__ = ("length", "tokens", "spelling")
 
-    def __init__(self, length: int, tokens: np.ndarray, data: bytes, ends: np.ndarray):
+    def __init__(self, length: int, tokens: np.ndarray):
         self.length = length  # the recorded prompt's token count
         self.tokens = tokens  # the output's token IDs, int32
-        self.data = data  # their bytes, concatenated
-        self.ends = ends  # byte offset where each output token ends, int64
-
-
-def _hasher():
-    return hashlib.blake2b(digest_size=16)
+        # (their bytes concatenated, the byte offset where each token ends): made by the
+        # first prompt that carries the output back, on a frontend worker, not at record
+        self.spelling: tuple[bytes, np.ndarray] | None = None
 
 
 class GeneratedSpans:
@@ -100,23 +100,19 @@ class GeneratedSpans:
     # -- recording -----------------------------------------------------------
 
     def record(self, prompt: np.ndarray, output: Sequence[int]) -> None:
-        """Keep ``output`` (a finished request's visible tokens) as what followed ``prompt``."""
+        """Keep ``output`` (a finished request's visible tokens) as what followed ``prompt``
+        (on the model thread: the prompt's key, nothing per output token)."""
         if not len(output) or not len(prompt) or len(output) > self.max_entry_tokens:
             return
-        tokens = np.asarray(output, dtype=np.int32)
-        pieces = [self._token_bytes(int(t)) for t in tokens]
-        ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
-        hasher = _hasher()
-        hasher.update(np.ascontiguousarray(prompt, dtype=np.int32).tobytes())
-        key = hasher.digest()
-        entry = _Entry(len(prompt), tokens, b"".join(pieces), ends)
+        key = PrefixHistory(IDENTITY, prompt).key_at(len(prompt))
+        entry = _Entry(len(prompt), np.asarray(output, dtype=np.int32))
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._forget(old)
             self._entries[key] = entry
             self._lengths[entry.length] = self._lengths.get(entry.length, 0) + 1
-            self._held += len(tokens)
+            self._held += len(entry.tokens)
             while len(self._entries) > self.capacity or self._held > self.max_tokens:
                 self._forget(self._entries.popitem(last=False)[1])
 
@@ -138,16 +134,17 @@ class GeneratedSpans:
         if not lengths:
             return Spliced(ids)
         spans = []
-        hasher, hashed = _hasher(), 0
+        history = PrefixHistory(IDENTITY)
         for length in lengths:
             if length >= len(ids):
                 break
-            hasher.update(ids[hashed:length].tobytes())
-            hashed = length
+            # ids before ``length`` never change: the history only grows over the spliced ids
+            history.append(ids[len(history):length])
+            key = history.key_at(length)
             with self._lock:
-                entry = self._entries.get(hasher.digest())
+                entry = self._entries.get(key)
                 if entry is not None:
-                    self._entries.move_to_end(hasher.digest())
+                    self._entries.move_to_end(key)
             if entry is None:
                 continue
             span = self._match(entry, ids, length)
@@ -168,36 +165,36 @@ class GeneratedSpans:
         """(output tokens taken, prompt tokens they replace) over the longest stretch from
         ``start`` where the prompt's bytes equal the output's and both end on a token; None
         when not even one token's worth agrees."""
-        data = entry.data
+        if entry.spelling is None:  # two workers may both make it: the same value
+            pieces = [self._token_bytes(t) for t in entry.tokens.tolist()]
+            entry.spelling = b"".join(pieces), np.cumsum([len(p) for p in pieces], dtype=np.int64)
+        data, output_ends = entry.spelling
+        # Byte offsets after each prompt token from start that agrees whole with the output
+        # (every one is at or below ``agreed``), until they cover the output or disagree.
         ends = [0]
-        prompt = bytearray()
-        # The prompt's tokens from start, until they cover the output's bytes or disagree.
+        offset = 0
         for token in ids[start:].tolist():
             piece = self._token_bytes(token)
-            offset = len(prompt)
-            prompt += piece
             if data[offset:offset + len(piece)] != piece:
                 # agreement ends inside this token; the bytes before it still count
-                same = 0
-                limit = min(len(piece), len(data) - offset)
+                same, limit = 0, min(len(piece), len(data) - offset)
                 while same < limit and piece[same] == data[offset + same]:
                     same += 1
                 agreed = offset + same
                 break
-            ends.append(len(prompt))
-            if len(prompt) >= len(data):
+            offset += len(piece)
+            ends.append(offset)
+            if offset >= len(data):
                 agreed = len(data)
                 break
         else:
-            agreed = len(prompt)
+            agreed = offset
         # The longest byte offset <= agreed where both tokenizations have a boundary.
         prompt_ends = np.asarray(ends, dtype=np.int64)
-        prompt_ends = prompt_ends[prompt_ends <= agreed]
-        output_ends = entry.ends[entry.ends <= agreed]
-        common = np.intersect1d(prompt_ends[1:], output_ends, assume_unique=True)
+        common = np.intersect1d(prompt_ends[1:], output_ends[output_ends <= agreed], assume_unique=True)
         if not len(common):
             return None
         boundary = int(common[-1])
-        taken = int(np.searchsorted(entry.ends, boundary)) + 1
+        taken = int(np.searchsorted(output_ends, boundary)) + 1
         replaced = int(np.searchsorted(prompt_ends, boundary))
         return taken, replaced
