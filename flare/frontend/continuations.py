@@ -8,8 +8,8 @@ conversation renders the assistant's text back into the prompt, and re-encoding 
 the canonical tokens, so the prompt differs from what the model saw and the prefix cache
 (which matches token IDs) stops at the first such spot.
 
-So each finished request leaves its visible output tokens here, keyed by its prompt's
-prefix key (the prefix cache's own key chain, cache/history.py). When a new prompt starts
+So each finished request leaves its visible output tokens here, keyed by a BLAKE2b hash
+of its prompt's tokens. When a new prompt starts
 with a recorded prompt, and its bytes after that point start with the recorded output's
 bytes, the output's own tokens replace the canonical ones over the longest stretch where
 both tokenizations end on the same byte. The text is unchanged, so the model reads exactly
@@ -22,6 +22,7 @@ go first); outputs longer than ``max_entry_tokens`` are not kept. Thread-safe.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -29,13 +30,26 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..cache.history import PrefixHistory
-
 CAPACITY = 4096  # recorded outputs
 MAX_TOKENS = 2_000_000  # output tokens held in all (8 MB of int32, plus the bytes of those carried back)
 MAX_ENTRY_TOKENS = 32_768  # a longer output is not kept
-# The keys' identity: one store serves one model, so any fixed 32 bytes do.
-IDENTITY = bytes(32)
+PRINT_TOKENS = 4  # a recorded prompt's print: its length and its last tokens
+_PRINT_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+_TABLE_SIZE = 1 << 16
+_TABLE_MASK = np.uint64(_TABLE_SIZE - 1)
+
+
+def _prints(ids: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """uint64 prints of the prefixes ``ids[:end]`` for each end (their length and last
+    PRINT_TOKENS tokens): a prompt's prefix can be its recorded prompt only where the prints
+    agree, so only there is the exact key worth computing."""
+    out = ends.astype(np.uint64)
+    for k in range(PRINT_TOKENS, 0, -1):  # ids[end - k], or -1 before the start
+        at = ends - k
+        token = ids[np.maximum(at, 0)].astype(np.int64)
+        token[at < 0] = -1
+        out = out * _PRINT_MULTIPLIER + token.astype(np.uint64)
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,11 +82,20 @@ class Spliced:
         return tuple(sorted({e for e in out if 0 < e < len(self.token_ids)}))
 
 
-class _Entry:
-    __slots__ = ("length", "tokens", "spelling")
+def _hasher(ids: np.ndarray | None = None):
+    """A prompt's key: BLAKE2b-128 over its int32 tokens (hashlib drops the GIL past 2 KiB;
+    a 4k-token prompt takes about 10 us, where a PrefixHistory of it took 250 us)."""
+    hasher = hashlib.blake2b(digest_size=16)
+    if ids is not None:
+        hasher.update(ids.tobytes())
+    return hasher
 
-    def __init__(self, length: int, tokens: np.ndarray):
-        self.length = length  # the recorded prompt's token count
+
+class _Entry:
+    __slots__ = ("print", "tokens", "spelling")
+
+    def __init__(self, print_: int, tokens: np.ndarray):
+        self.print = print_  # the recorded prompt's print (_prints)
         self.tokens = tokens  # the output's token IDs, int32
         # (their bytes concatenated, the byte offset where each token ends): made by the
         # first prompt that carries the output back, on a frontend worker, not at record
@@ -90,7 +113,7 @@ class GeneratedSpans:
         self.max_entry_tokens = max_entry_tokens
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._lengths: dict[int, int] = {}  # recorded prompt length -> entries of that length
+        self._prints: dict[int, int] = {}  # recorded prompts' prints -> entries with that print
         self._held = 0  # output tokens held
         self._prompts = self._tokens = 0
 
@@ -104,43 +127,45 @@ class GeneratedSpans:
         (on the model thread: the prompt's key, nothing per output token)."""
         if not len(output) or not len(prompt) or len(output) > self.max_entry_tokens:
             return
-        key = PrefixHistory(IDENTITY, prompt).key_at(len(prompt))
-        entry = _Entry(len(prompt), np.asarray(output, dtype=np.int32))
+        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
+        key = _hasher(prompt).digest()
+        entry = _Entry(int(_prints(prompt, np.array([len(prompt)]))[0]), np.asarray(output, dtype=np.int32))
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._forget(old)
             self._entries[key] = entry
-            self._lengths[entry.length] = self._lengths.get(entry.length, 0) + 1
+            self._prints[entry.print] = self._prints.get(entry.print, 0) + 1
             self._held += len(entry.tokens)
             while len(self._entries) > self.capacity or self._held > self.max_tokens:
                 self._forget(self._entries.popitem(last=False)[1])
 
     def _forget(self, entry: _Entry) -> None:
         self._held -= len(entry.tokens)
-        left = self._lengths[entry.length] - 1
+        left = self._prints[entry.print] - 1
         if left:
-            self._lengths[entry.length] = left
+            self._prints[entry.print] = left
         else:
-            del self._lengths[entry.length]
+            del self._prints[entry.print]
 
     # -- replacement ---------------------------------------------------------
 
     def splice(self, token_ids: np.ndarray) -> Spliced:
         """``token_ids`` with every recorded output it carries back spelled as generated."""
-        with self._lock:
-            lengths = sorted(n for n in self._lengths if n < len(token_ids))
         ids = np.ascontiguousarray(token_ids, dtype=np.int32)
-        if not lengths:
+        with self._lock:
+            known = np.sort(np.fromiter(self._prints, dtype=np.uint64, count=len(self._prints)))
+        if not len(known) or len(ids) < 2:
             return Spliced(ids)
         spans = []
-        history = PrefixHistory(IDENTITY)
-        for length in lengths:
-            if length >= len(ids):
-                break
-            # ids before ``length`` never change: the history only grows over the spliced ids
-            history.append(ids[len(history):length])
-            key = history.key_at(length)
+        hasher, hashed = _hasher(), 0
+        candidates = self._candidates(ids, 0, known)
+        while candidates:
+            length = candidates.pop(0)
+            # ids before ``length`` never change: the hash only grows over the spliced ids
+            hasher.update(ids[hashed:length].tobytes())
+            hashed = length
+            key = hasher.digest()
             with self._lock:
                 entry = self._entries.get(key)
                 if entry is not None:
@@ -155,11 +180,26 @@ class GeneratedSpans:
                 continue  # generated canonically: nothing to replace
             spans.append((length, replaced, taken))
             ids = np.concatenate((ids[:length], entry.tokens[:taken], ids[length + replaced:]))
+            candidates = self._candidates(ids, length, known)  # the ids after it changed
         if spans:
             with self._lock:
                 self._prompts += 1
                 self._tokens += sum(taken for _, _, taken in spans)
         return Spliced(ids, tuple(spans))
+
+    @staticmethod
+    def _candidates(ids: np.ndarray, after: int, known: np.ndarray) -> list[int]:
+        """Prefix lengths past ``after`` whose print some recorded prompt has, in order
+        (``known``: the recorded prints, sorted)."""
+        ends = np.arange(after + 1, len(ids), dtype=np.int64)
+        prints = _prints(ids, ends)
+        # A table over the prints' low bits first (cache-friendly; at 4,096 recorded prompts
+        # about 6% of ends get through), then the exact search for those.
+        table = np.zeros(_TABLE_SIZE, dtype=bool)
+        table[known & _TABLE_MASK] = True
+        near = np.flatnonzero(table[prints & _TABLE_MASK])
+        at = np.minimum(np.searchsorted(known, prints[near]), len(known) - 1)
+        return ends[near[known[at] == prints[near]]].tolist()
 
     def _match(self, entry: _Entry, ids: np.ndarray, start: int) -> tuple[int, int] | None:
         """(output tokens taken, prompt tokens they replace) over the longest stretch from

@@ -140,3 +140,17 @@ def test_the_text_never_changes(tokenizer, output, between, after):
     if not between and raw == text.encode():
         # the output carried back right after its prompt: its own tokens as far as the text agrees
         assert spliced.spans == () or spliced.spans[0][0] == len(prompt)
+
+
+def test_a_prompt_that_ends_like_a_recorded_one_is_not_taken_for_it(tokenizer):
+    """Same length and the same last tokens (the print the search starts from), different
+    earlier tokens: the exact key decides, and nothing is replaced."""
+    spans = GeneratedSpans(tokenizer.token_bytes)
+    recorded = _ids(tokenizer, "Weather in Paris?" + PROMPT)
+    other = _ids(tokenizer, "Weather in Rome?" + PROMPT)
+    assert len(recorded) == len(other) and recorded[-8:].tolist() == other[-8:].tolist()
+    generated = _spelled(tokenizer, "Sunny")
+    spans.record(recorded, generated)
+    carried = _ids(tokenizer, "Weather in Rome?" + PROMPT + "Sunny" + AFTER)
+    assert spans.splice(carried).spans == ()
+    assert spans.splice(_ids(tokenizer, "Weather in Paris?" + PROMPT + "Sunny" + AFTER)).spans != ()
