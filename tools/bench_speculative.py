@@ -18,6 +18,11 @@ CUDA with --drafter: the same 8B target with a random Llama-3.2-1B-shaped draft 
 own choice (it backs off). Reports the drafter's round time per depth beside the verification
 and decode step times, and what they project at acceptance 0.8.
 
+CUDA with --profile: one batch-1 prompt decoded plainly, then with every round verified (drafts
+always right), under the CUDA profiler; lists each run's kernels by exposed device time per
+step (what each one added to the end of the kernels before it) and the idle time between
+steps, so the verification graph's extra cost over a decode step can be read kernel by kernel.
+
 Prints a table and one JSON line.
 """
 
@@ -303,6 +308,78 @@ def cuda_bench(args) -> None:
         model.close()
 
 
+def kernel_table(events, steps: int) -> list[tuple[str, float, int]]:
+    """CUDA kernel events -> (name, exposed us per step, launches per step), plus an "(idle)"
+    row: the time no kernel ran, from the first kernel's start to the last one's end."""
+    sums: dict[str, list[float]] = {}
+    latest = idle = None
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        start, end = e.time_range.start, e.time_range.end
+        if latest is None:
+            latest, idle = start, 0.0
+        idle += max(0.0, start - latest)
+        row = sums.setdefault(e.name[:90], [0.0, 0])
+        row[0] += max(0.0, end - max(latest, start))
+        row[1] += 1
+        latest = max(latest, end)
+    rows = sorted(((n, round(t / steps, 1), round(c / steps, 2)) for n, (t, c) in sums.items()), key=lambda r: -r[1])
+    return rows + [("(idle)", round((idle or 0.0) / steps, 1), 0)]
+
+
+def profile_bench(args) -> None:
+    """Kernel tables of plain decode and of verification rounds, one batch-1 prompt each."""
+    from bench_gpu import export, make_checkpoint
+    from torch.profiler import DeviceType, ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from flare.config import EngineConfig
+    from flare.contract import GraphKind
+    from flare.scheduler.speculation import ReplayProposer
+
+    ckpt = args.workdir / "llama3-8b-hf"
+    core = args.workdir / "llama3-8b-core-64-512"
+    make_checkpoint(ckpt, "llama3-8b", args.tokenizer)
+    export(ckpt, core, 4096, max_active=64, chunk=512)
+    truth: dict[bytes, np.ndarray] = {}
+    proposer = ReplayProposer(truth, 1.0, vocab_size=128256, seed=0)
+    model = load_timed(core, EngineConfig(device="cuda", max_active=32, speculative="copy",
+                                          speculative_depth=args.depth), proposer=proposer)
+    spec = model.runtime.scheduler.speculation
+    spec.widths = [args.depth + 1]
+    graphs = model.loaded.contract.graphs
+    kinds: list = []
+    submit = model.executor.submit
+
+    def counted(graph_index, uploads, grammar_constrained=False):
+        kinds.append(graphs[graph_index].kind)
+        return submit(graph_index, uploads, grammar_constrained)
+
+    model.executor.submit = counted
+    rng = np.random.default_rng(5)
+    args.bs1_prompts = 1
+    try:
+        _, prompts, params, _, plain_out = plain_rounds(model, spec, 1, rng, args)
+        truth[np.asarray(prompts[0], np.int32).tobytes()] = np.asarray(plain_out[0], np.int64)
+        with_speculation(model, True, spec)
+        spec.always = True
+        _, (verified,) = run_rounds(model, prompts, params, True)  # warm; the verification graph's own output
+        truth[np.asarray(prompts[0], np.int32).tobytes()] = np.asarray(verified, np.int64)
+        for label, on, kind in (("decode", False, GraphKind.DECODE), ("verification", True, GraphKind.SPECULATIVE)):
+            with_speculation(model, on, spec)
+            kinds.clear()
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                run_rounds(model, prompts, params, True)
+            steps = sum(k == kind for k in kinds)
+            table = kernel_table([e for e in prof.events() if e.device_type == DeviceType.CUDA], steps)
+            RESULTS[f"profile_{label}"] = dict(steps=steps, submissions=len(kinds), kernels=table[:40])
+            log(f"{label}: {steps} steps of {len(kinds)} submissions; kernels by exposed us per step:")
+            for name, us, n in table[:40]:
+                print(f"  {us:9.1f} us  {n:6.2f}x  {name}", flush=True)
+    finally:
+        del model.executor.submit
+        model.close()
+
+
 def drafter_bench(args) -> None:
     from bench_gpu import export, make_checkpoint
 
@@ -367,6 +444,7 @@ def main() -> int:
     parser.add_argument("--bs1-prompts", type=int, default=6, help="CUDA: batch-1 prompts run one after another")
     parser.add_argument("--accept", type=float, nargs="+", default=[0.8, 0.0], help="CUDA: replayed draft accuracy")
     parser.add_argument("--drafter", action="store_true", help="CUDA: a random 1B draft core's overhead instead")
+    parser.add_argument("--profile", action="store_true", help="CUDA: kernel tables of decode and verification")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/flare-bench"))
     parser.add_argument("--tokenizer", type=Path, default=Path(".carry/llama3-tokenizer.json"))
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -374,11 +452,13 @@ def main() -> int:
     args.max_tokens = args.max_tokens or (96 if args.device == "cpu" else 256)
     RESULTS.update(device_kind=args.device, depth=args.depth, max_tokens=args.max_tokens)
     try:
-        (cpu_bench if args.device == "cpu" else drafter_bench if args.drafter else cuda_bench)(args)
+        (cpu_bench if args.device == "cpu" else drafter_bench if args.drafter
+         else profile_bench if args.profile else cuda_bench)(args)
     finally:
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
-            name = "bench_drafter.json" if args.drafter else "bench_speculative.json"
+            name = ("bench_drafter.json" if args.drafter else "bench_speculative_profile.json" if args.profile
+                    else "bench_speculative.json")
             (args.out / name).write_text(json.dumps(RESULTS, indent=2))
     print(json.dumps(RESULTS))
     return 0

@@ -159,6 +159,7 @@ class Variant:
     attention: dict = field(default_factory=dict)  # AttentionLaunch overrides of DECODE_LAUNCH
     norm_warps: int = 8  # elementwise.NORM_WARPS_WIDE
     gemv_shapes: dict = field(default_factory=dict)  # gemv.SHAPE_OVERRIDES at batch 1
+    multi_row: dict = field(default_factory=dict)  # gemv.MULTI_ROW_OVERRIDES (2..8 rows)
     merge_rows: int = 16  # attention.MERGE_ROWS
     # Extra one-program kernels after each layer's attention (PDL like the step's own): what
     # one more kernel boundary in the chain costs.
@@ -253,6 +254,29 @@ VARIANTS = {
     "splits1_pps4_w8": Variant(max_splits=1, attention={"pages_per_step": 4, "num_warps": 8, "num_stages": 1},
                                exact=False),
 }
+# 2..8 rows (a width-5 verification at batch 1 is five): the swap-mode tiles. The defaults give
+# Llama-3-8B's o and down 128 programs (under one per SM) and qkv 96.
+QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)
+
+
+def _tiles(shapes, **cfg) -> dict:
+    return {shape: dict(cfg) for shape in shapes}
+
+
+NARROW = (QKV, O_PROJ, DOWN)
+VARIANTS.update({
+    "mr_narrow_bn16": Variant(multi_row=_tiles(NARROW, block_n=16, block_k=256, num_stages=5), exact=False),
+    "mr_narrow_bn16_s4": Variant(multi_row=_tiles(NARROW, block_n=16, block_k=256, num_stages=4), exact=False),
+    "mr_narrow_bn16_k512": Variant(multi_row=_tiles(NARROW, block_n=16, block_k=512, num_stages=3), exact=False),
+    "mr_narrow_bn16_w2": Variant(multi_row=_tiles(NARROW, block_n=16, block_k=256, num_stages=5, num_warps=2),
+                                 exact=False),
+    "mr_narrow_bn32_k128": Variant(multi_row=_tiles(NARROW, block_n=32, block_k=128, num_stages=8), exact=False),
+    "mr_all_bn16": Variant(multi_row=_tiles(NARROW + (GATE_UP, LM_HEAD), block_n=16, block_k=256, num_stages=5),
+                           exact=False),
+    "mr_all_bn32_k256": Variant(multi_row=_tiles(NARROW + (GATE_UP, LM_HEAD), block_n=32, block_k=256,
+                                                 num_stages=5), exact=False),
+    "mr_gate_up_bn32": Variant(multi_row=_tiles((GATE_UP,), block_n=32, block_k=256, num_stages=5), exact=False),
+})
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
 
@@ -283,6 +307,7 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     attention.DECODE_LAUNCH = replace(SERVING_DECODE_LAUNCH, **v.attention)
     elementwise.NORM_WARPS_WIDE = v.norm_warps
     gemv.SHAPE_OVERRIDES = dict(v.gemv_shapes)
+    gemv.MULTI_ROW_OVERRIDES = dict(v.multi_row)
     attention.MERGE_ROWS = v.merge_rows
     ops = cuda_ops()
     if "silu" in v.unfused:

@@ -47,7 +47,8 @@ def _size(graph) -> tuple[int, int]:
 def use_kernels(programs: StepPrograms) -> None:
     """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV),
     the greedy variant to its two-launch token choice, structured-output masking to one launch,
-    and a decode step's slot reads and every sampling program's slot writes to one launch each."""
+    a decode step's slot reads and every sampling program's slot writes to one launch each, and a
+    verification step's inputs and outcome to one launch each (greedy: two for the outcome)."""
     from .decoder import cuda_ops
     from .kernels import slots
     from .kernels.sampling import apply_grammar_masks, greedy_tokens
@@ -65,6 +66,10 @@ def use_kernels(programs: StepPrograms) -> None:
     programs.decode_inputs = partial(slots.decode_inputs, programs.buffers, context=contract.context,
                                      page_tokens=contract.page_tokens)
     programs.commit = partial(slots.commit_samples, programs.buffers, programs.output_counts, hidden=programs.hidden)
+    programs.verification_inputs = partial(slots.verification_inputs, programs.buffers, context=contract.context,
+                                           page_tokens=contract.page_tokens)
+    programs.commit_verification = partial(slots.commit_verification, programs.buffers, programs.output_counts,
+                                           hidden=programs.hidden)
 
 
 def _new_graph():

@@ -83,6 +83,9 @@ class StepPrograms:
         self.apply_grammar_masks = apply_grammar_masks  # (logits, sampling, masks, slots) -> None, in place
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
         self.commit = self._commit  # (slots, token, do_sample, kind, positions=None, rows=None) -> None
+        # a verification step's flat rows (CUDA) and its outcome's writes
+        self.verification_inputs = self._verification_inputs  # (slots, w) -> (tokens [b * w, 1], AttentionBatch)
+        self.commit_verification = self._commit_verification  # (slots, rows, w, *, logits | token + accepted)
         self._ones = torch.ones(contract.step_rows, dtype=torch.bool, device=self.device)  # do_sample of decode rows
         # A decode step run in two parts (structured output, see run_part): the forward part
         # leaves the step's logits here for the sampling part, which runs once the host has
@@ -359,36 +362,51 @@ class StepPrograms:
         self._sample_rows(slots, hidden, do_sample, GraphKind.MIXED, graph.greedy, positions=new_positions,
                           keep_hidden=True)
 
-    def _verify_flat(self, slots, tokens, pos0, d):
-        """The verification forward as b * w decode rows, one per target position (CUDA): the
-        decode attention kernel and the small-batch GEMVs, each row reading the keys up to its
-        own position, which the rows before it write in the same layer. A row's result depends
-        on its position and context only, not on the drafts after it. -> (hidden [b, w, H],
-        logits [b * w, V])."""
-        b, w = tokens.shape
+    def _verification_inputs(self, slots: torch.Tensor, w: int) -> tuple[torch.Tensor, AttentionBatch]:
+        """The flat verification rows' inputs: row r's w positions hold its last sampled token
+        (slot.token) and its ``step.num_tokens`` d <= w - 1 drafts (``step.tokens[r, :d]``), each
+        position a decode row reading the keys up to itself; positions past d write the scratch
+        page. -> (tokens [b * w, 1], AttentionBatch)."""
+        buf = self.buffers
+        b = slots.shape[0]
+        d = self._step("step.num_tokens", b)
+        pos0 = buf["slot.position"][slots]
+        tokens = torch.cat([buf["slot.token"][slots].view(b, 1), buf["step.tokens"][:b, :w - 1]], dim=1)
         rows = slots.repeat_interleave(w)
         q = torch.arange(w, device=self.device).repeat(b)
         limit = d.repeat_interleave(w)
         positions = (pos0.repeat_interleave(w) + q).view(-1, 1)
         kv_lens = pos0.repeat_interleave(w) + torch.minimum(q, limit) + 1
-        batch = AttentionBatch(
+        return tokens.view(-1, 1), AttentionBatch(
             positions=positions.clamp(max=self.contract.context - 1),
             write_index=self._write_index(rows, positions, (q <= limit).view(-1, 1)),
             page_table=self._page_table(rows, kv_lens),
             kv_lens=kv_lens,
         )
-        flat = self.decoder.forward(tokens.view(-1, 1), batch, self.kv)
-        return flat.view(b, w, -1), self.decoder.logits(flat)
 
-    def _verify_rows(self, slots, tokens, pos0, d):
+    def _verify_flat(self, slots, w):
+        """The verification forward as b * w decode rows, one per target position (CUDA): the
+        decode attention kernel and the small-batch GEMVs, each row reading the keys up to its
+        own position, which the rows before it write in the same layer. A row's result depends
+        on its position and context only, not on the drafts after it. -> (hidden [b * w, H],
+        logits [b * w, V])."""
+        tokens, batch = self.verification_inputs(slots, w)
+        flat = self.decoder.forward(tokens, batch, self.kv)
+        flat = flat.view(tokens.shape[0], -1)
+        return flat, self.decoder.logits(flat)
+
+    def _verify_rows(self, slots, w):
         """The verification forward as b rows of w queries (the CPU: one chunk-attention call
         per row instead of w decode rows, 130 ms against 189 ms for the demo core's width 5).
-        -> (hidden [b, w, H], logits [b * w, V])."""
-        b, w = tokens.shape
-        batch = self._chunk_batch(slots, pos0, d + 1, w)
+        -> (hidden [b * w, H], logits [b * w, V])."""
+        buf = self.buffers
+        b = slots.shape[0]
+        d = self._step("step.num_tokens", b)
+        tokens = torch.cat([buf["slot.token"][slots].view(b, 1), buf["step.tokens"][:b, :w - 1]], dim=1)
+        batch = self._chunk_batch(slots, buf["slot.position"][slots], d + 1, w)
         q = torch.arange(w, device=self.device).view(1, w)
-        hidden = self.decoder.forward(tokens, batch, self.kv, q.expand(b, w))
-        return hidden, self.decoder.logits(hidden.reshape(b * w, -1))
+        hidden = self.decoder.forward(tokens, batch, self.kv, q.expand(b, w)).reshape(b * w, -1)
+        return hidden, self.decoder.logits(hidden)
 
     def _speculative(self, graph: GraphSpec) -> None:
         """Verify each row's drafts: one forward over w target positions per row.
@@ -404,34 +422,48 @@ class StepPrograms:
         buf, dev = self.buffers, self.device
         b, w = graph.batch, graph.tokens
         slots = self._step("step.slots", b)
-        d = self._step("step.num_tokens", b)
-        drafts = buf["step.tokens"][:b, :w - 1]
-        pos0 = buf["slot.position"][slots]
-        tokens = torch.cat([buf["slot.token"][slots].view(b, 1), drafts], dim=1)
         if self.flat_verification:
-            hidden, logits = self._verify_flat(slots, tokens, pos0, d)
+            hidden, logits = self._verify_flat(slots, w)
         else:
-            hidden, logits = self._verify_rows(slots, tokens, pos0, d)
-        q = torch.arange(w, device=dev).view(1, w)
-        # the draft each position's choice is checked against: the token fed at the next position
-        following = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=dev)], dim=1)
-        has_draft = q < d.view(-1, 1)
+            hidden, logits = self._verify_rows(slots, w)
         if graph.greedy:
+            self.commit_verification(slots, hidden, w, logits=logits)
+            return
+        q = torch.arange(w, device=dev).view(1, w)
+        drafts = buf["step.tokens"][:b, :w - 1]
+        following = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=dev)], dim=1)
+        has_draft = q < self._step("step.num_tokens", b).view(-1, 1)
+        seed = buf["slot.seed"][slots].view(b, 1).expand(b, w).reshape(-1)
+        counter = (buf["slot.generated"][slots].view(b, 1) + q).reshape(-1)
+        params = buf["slot.sampling"][slots].repeat_interleave(w, dim=0)
+        accepted, token = verify_drafts(logits, params, following.reshape(-1), has_draft.reshape(-1),
+                                        philox_uniform(seed ^ ACCEPT_STREAM, counter), philox_uniform(seed, counter))
+        self.commit_verification(slots, hidden, w, token=token.view(b, w).contiguous(),
+                                 accepted=accepted.view(b, w).contiguous())
+
+    def _commit_verification(self, slots: torch.Tensor, rows: torch.Tensor, w: int, *,
+                             logits: torch.Tensor | None = None, token: torch.Tensor | None = None,
+                             accepted: torch.Tensor | None = None) -> None:
+        """A verification's outcome into the slots: greedy from the ``logits`` [b * w, V] (a
+        position's choice is its argmax, accepted where it equals the draft fed after it), or
+        the rejection sampler's ``token`` and ``accepted`` [b, w]. With k accepted drafts (the
+        longest accepted prefix) the row emits k + 1 tokens: the slot's position, last token and
+        counts move by them, its hidden row becomes position k's of ``rows`` [b * w, H], and its
+        record carries them."""
+        buf, dev = self.buffers, self.device
+        b = slots.shape[0]
+        q = torch.arange(w, device=dev).view(1, w)
+        if logits is not None:
+            drafts = buf["step.tokens"][:b, :w - 1]
+            following = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=dev)], dim=1)
             token = logits.argmax(dim=-1).view(b, w)
-            accepted = has_draft & (following == token)
-        else:
-            seed = buf["slot.seed"][slots].view(b, 1).expand(b, w).reshape(-1)
-            counter = (buf["slot.generated"][slots].view(b, 1) + q).reshape(-1)
-            params = buf["slot.sampling"][slots].repeat_interleave(w, dim=0)
-            accepted, token = verify_drafts(logits, params, following.reshape(-1), has_draft.reshape(-1),
-                                            philox_uniform(seed ^ ACCEPT_STREAM, counter),
-                                            philox_uniform(seed, counter))
-            accepted, token = accepted.view(b, w), token.view(b, w)
+            accepted = (q < self._step("step.num_tokens", b).view(-1, 1)) & (following == token)
         k = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # accepted drafts per row
         new = k + 1
         emitted = q < new.view(-1, 1)
         last = token.gather(1, k.view(-1, 1)).view(b)
-        self.hidden.index_copy_(0, slots, hidden[torch.arange(b, device=dev), k])
+        pos0 = buf["slot.position"][slots]
+        self.hidden.index_copy_(0, slots, rows.view(b, w, -1)[torch.arange(b, device=dev), k])
         buf["slot.position"].index_copy_(0, slots, pos0 + new)
         buf["slot.token"].index_copy_(0, slots, last)
         buf["slot.generated"].index_copy_(0, slots, buf["slot.generated"][slots] + new)

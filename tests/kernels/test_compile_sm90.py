@@ -269,7 +269,17 @@ def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
                "slot.generation": torch.zeros(s1, dtype=torch.int64),
                "slot.page_table": torch.zeros(s1, 64, dtype=torch.int64),
                "out.records": torch.zeros(2, s1, RECORD_FIELDS, dtype=torch.int64),
-               "step.frame": torch.zeros(1, dtype=torch.int64)}
+               "step.frame": torch.zeros(1, dtype=torch.int64), "step.tokens": torch.zeros(64, 8, dtype=torch.int64),
+               "step.num_tokens": torch.zeros(64, dtype=torch.int64)}
+    counts = torch.zeros(s1, vocab, dtype=torch.int32)
+    hidden = torch.zeros(s1, 4096, dtype=torch.bfloat16)
+    for b, w in ((1, 5), (32, 2)):
+        index = torch.arange(b)
+        rows = torch.zeros(b * w, 4096, dtype=torch.bfloat16)
+        slots.verification_inputs(buffers, index, w, 4096, 64)
+        slots.commit_verification(buffers, counts, index, rows, w, logits=torch.zeros(b * w, vocab), hidden=hidden)
+        slots.commit_verification(buffers, counts, index, rows, w, token=torch.zeros(b, w, dtype=torch.int64),
+                                  accepted=torch.zeros(b, w, dtype=torch.bool), hidden=hidden)
     for b in (1, 64):
         index = torch.arange(b)
         slots.decode_inputs(buffers, index, 4096, 64)
@@ -280,4 +290,5 @@ def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
         slots.commit_samples(buffers, torch.zeros(s1, vocab, dtype=torch.int32), index, index,
                              torch.ones(b, dtype=torch.bool), GraphKind.PREFILL)
     names = _compile_all(launches)
-    assert {"_decode_inputs_kernel", "_commit_kernel"} <= set(names), names
+    assert {"_decode_inputs_kernel", "_commit_kernel", "_verification_inputs_kernel", "_verification_commit_kernel",
+            "_block_max_kernel"} <= set(names), names

@@ -67,6 +67,8 @@ ROPE_MAX_REGISTERS = 80  # GemvConfig.max_registers of the batch-1 qkv product (
 # GemvConfig fields :func:`default_config` overrides for (N, K) weight shapes at batch 1
 # (tools/bench_step.py sets them per variant).
 SHAPE_OVERRIDES: dict[tuple[int, int], dict] = {}
+# The same for 2..MAX_ROWS rows (a verification step's flat rows, small decode batches).
+MULTI_ROW_OVERRIDES: dict[tuple[int, int], dict] = {}
 _MODES = {"fma": 0, "dot": 1, "swap": 2}
 
 
@@ -380,6 +382,8 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=5, mode="swap")
     else:
         cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6 if n < 16384 else 4, mode="swap")
+    if m > 1:
+        cfg = replace(cfg, **MULTI_ROW_OVERRIDES.get((n, k), {}))
     # Small models' narrow layers: split K until the grid covers half the SMs.
     split_k = 1
     while triton.cdiv(n, cfg.block_n) * split_k < sms // 2 and k >= 4 * cfg.block_k * split_k and split_k < 8:

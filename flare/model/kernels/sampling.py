@@ -55,6 +55,37 @@ def _penalized_block_max_kernel(
 
 
 @triton.jit
+def _block_max_kernel(logits_ptr, part_val_ptr, part_idx_ptr, vocab, num_blocks, s_logits,
+                      BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # The penalty-free half of _penalized_block_max_kernel: each block's maximum and its first index.
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < vocab
+    logits = tl.load(logits_ptr + row.to(tl.int64) * s_logits + cols, mask=ok, other=float("-inf"))
+    tl.store(part_val_ptr + row * num_blocks + block, tl.max(logits, axis=0))
+    tl.store(part_idx_ptr + row * num_blocks + block, block * BLOCK + tl.argmax(logits, axis=0, tie_break_left=True))
+
+
+def block_maxima(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's maximum logit per vocabulary block of _BLOCK and the block's first index of it,
+    in one launch -> (values [B, blocks] float32, indices [B, blocks] int32). The first block
+    holding a row's maximum holds its ``argmax`` (ties to the lowest id)."""
+    kernel = "block_maxima"
+    b, vocab = logits.shape
+    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
+            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
+    num_blocks = triton.cdiv(vocab, _BLOCK)
+    pdl = pdl_level(logits)
+    part_val = torch.empty((b, num_blocks), dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty((b, num_blocks), dtype=torch.int32, device=logits.device)
+    _block_max_kernel[(b, num_blocks)](logits, part_val, part_idx, vocab, num_blocks, logits.stride(0),
+                                       BLOCK=_BLOCK, PDL=pdl, num_warps=4, **pdl_options(pdl))
+    return part_val, part_idx
+
+
+@triton.jit
 def _pick_kernel(
     part_val_ptr, part_idx_ptr, do_sample_ptr, slot_token_ptr, slots_ptr, out_ptr, num_blocks,
     BLOCKS: tl.constexpr, PDL: tl.constexpr,
@@ -147,4 +178,4 @@ def apply_grammar_masks(logits: torch.Tensor, sampling: torch.Tensor, masks: tor
 
 _MASK_BLOCK = 4096
 
-__all__ = ["apply_grammar_masks", "greedy_tokens"]
+__all__ = ["apply_grammar_masks", "block_maxima", "greedy_tokens"]

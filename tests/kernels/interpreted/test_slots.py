@@ -93,3 +93,82 @@ def test_commit_rejects_rows_without_a_matching_store():
     with pytest.raises(KernelInputError, match="rows must be"):
         slot_kernels.commit_samples(programs.buffers, programs.output_counts, slots, token, sample, GraphKind.DECODE,
                                     None, torch.zeros(2, width + 1), hidden=programs.hidden)
+
+
+def _verification_programs(seed: int, width: int, drafts: list[int]) -> tuple[StepPrograms, torch.Tensor]:
+    """Programs whose step rows hold ``drafts[r]`` random drafts each, on slots [2, 5, 4, 0]."""
+    programs = _programs(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    buf = programs.buffers
+    slots = torch.tensor([2, 5, 4, 0])[:len(drafts)]
+    buf["step.slots"][:len(drafts)] = slots
+    buf["step.num_tokens"][:len(drafts)] = torch.tensor(drafts)
+    buf["step.tokens"].copy_(torch.randint(0, programs.decoder.spec.vocab_size, buf["step.tokens"].shape,
+                                           generator=gen))
+    buf["slot.position"][slots] = torch.tensor([17, 63, 253, 9])[:len(drafts)]  # 63: the drafts cross a page
+    return programs, slots
+
+
+def test_verification_inputs_match_the_torch_reads():
+    width = 5
+    programs, slots = _verification_programs(seed=6, width=width, drafts=[4, 2, 0, 1])
+    want_tokens, want = programs._verification_inputs(slots, width)
+    tokens, got = slot_kernels.verification_inputs(programs.buffers, slots, width, programs.contract.context,
+                                                   programs.contract.page_tokens)
+    assert torch.equal(tokens, want_tokens)
+    for field in ("positions", "write_index", "page_table", "kv_lens"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert int(got.positions[2 * width + 4, 0]) == 255, "positions past the context are clamped"
+    assert int(got.write_index[width + 3, 0]) == 0, "a position past the row's drafts writes the scratch page"
+
+
+def _logits_accepting(programs: StepPrograms, slots: torch.Tensor, width: int, accept: list[int]) -> torch.Tensor:
+    """Logits whose argmax at each row's first ``accept[r]`` positions is the draft fed after
+    them (so those drafts are accepted) and a random token elsewhere, with ties at position 0."""
+    vocab = programs.decoder.spec.vocab_size
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(len(slots) * width, vocab, generator=gen)
+    drafts = programs.buffers["step.tokens"]
+    for r, n in enumerate(accept):
+        for q in range(width - 1):
+            logits[r * width + q, int(drafts[r, q])] = 10.0 if q < n else -10.0
+    logits[0, :] = 1.0  # all tied: the argmax is token 0
+    return logits
+
+
+def test_greedy_verification_commit_matches_the_torch_writes():
+    width = 5
+    drafts, accept = [4, 2, 3, 1], [4, 1, 0, 1]  # row 1 accepts 1 of 2; row 2 none; row 3 its only draft
+    hidden_width = _programs(seed=4).hidden.shape[1]
+    rows = torch.randn(4 * width, hidden_width, generator=torch.Generator().manual_seed(8))
+    want_programs, slots = _verification_programs(seed=7, width=width, drafts=drafts)
+    got_programs, _ = _verification_programs(seed=7, width=width, drafts=drafts)
+    want_programs.buffers["step.tokens"][0, 0] = 0  # row 0's all-tied position picks token 0: accepted
+    got_programs.buffers["step.tokens"][0, 0] = 0
+    logits = _logits_accepting(want_programs, slots, width, accept)
+    want_programs._commit_verification(slots, rows, width, logits=logits)
+    slot_kernels.commit_verification(got_programs.buffers, got_programs.output_counts, slots, rows, width,
+                                     logits=logits, hidden=got_programs.hidden)
+    want, got = _state(want_programs), _state(got_programs)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    from flare.contract import REC_NEW_TOKENS
+    assert got["out.records"][1, slots[:3], REC_NEW_TOKENS].tolist() == [5, 2, 1]
+
+
+def test_sampled_verification_commit_matches_the_torch_writes():
+    width = 4
+    gen = torch.Generator().manual_seed(11)
+    hidden_width = _programs(seed=4).hidden.shape[1]
+    rows = torch.randn(3 * width, hidden_width, generator=gen)
+    token = torch.randint(0, 96, (3, width), generator=gen)
+    token[1, 0] = token[1, 2]  # a token emitted twice counts twice
+    accepted = torch.tensor([[True, True, False, False], [True, True, True, False], [False, True, True, False]])
+    want_programs, slots = _verification_programs(seed=12, width=width, drafts=[3, 3, 2])
+    got_programs, _ = _verification_programs(seed=12, width=width, drafts=[3, 3, 2])
+    want_programs._commit_verification(slots, rows, width, token=token, accepted=accepted)
+    slot_kernels.commit_verification(got_programs.buffers, got_programs.output_counts, slots, rows, width,
+                                     token=token, accepted=accepted, hidden=got_programs.hidden)
+    want, got = _state(want_programs), _state(got_programs)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
