@@ -32,7 +32,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_gpu import COPY_CEILING_BPS, SHAPES  # noqa: E402
-from bench_kernels import replay_ms  # noqa: E402
+from bench_kernels import read_ceiling_gbs, replay_ms  # noqa: E402
 
 from flare.model import kernels  # noqa: E402
 from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache  # noqa: E402
@@ -324,6 +324,39 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     return v
 
 
+def curve(decoder: Decoder, batches: list[int], args) -> int:
+    """The serving step at each batch against its floor: the bytes it must read (every weight
+    but the embedding, plus each row's cached K/V) at the streaming-read ceiling measured in
+    this run over a weight-sized buffer (the copy-ceiling ratio beside it, for history)."""
+    weights = sum(t.numel() * t.element_size() for name, t in decoder.w.items() if name != "embed")
+    read_bps = read_ceiling_gbs(weights)[0] * 1e9
+    print(f"{args.shape}, {args.cached} cached keys a row: read ceiling {read_bps / 1e9:,.0f} GB/s over "
+          f"{weights / 1e9:.2f} GB (copy {COPY_CEILING_BPS / 1e9:,.0f})", flush=True)
+    apply_variant("serving", decoder)
+    rows = []
+    for b in batches:
+        step = Step(decoder, b, args.cached, args.context // PAGE_TOKENS)
+        graph, _ = capture(step)
+        ms = min(replay_ms(graph, replays=50, runs=7) for _ in range(2))
+        floor = step.bytes / read_bps * 1e3
+        row = dict(batch=b, ms=round(ms, 3), floor_ms=round(floor, 3), vs_read_floor=round(ms / floor, 3),
+                   vs_copy_floor=round(ms * COPY_CEILING_BPS / step.bytes / 1e3, 3), tok_s=round(b / ms * 1e3, 1))
+        rows.append(row)
+        print(f"  batch {b:>3}: {ms:.3f} ms/step, floor {floor:.3f} ms ({row['vs_read_floor']:.3f}x read, "
+              f"{row['vs_copy_floor']:.3f}x copy), {row['tok_s']:,.0f} tok/s", flush=True)
+        if args.profile and b == batches[-1]:
+            for name, exposed, dur, n in profile(graph, args.out):
+                print(f"     {exposed:9.1f} {dur:9.1f} {n:4d}  {name}")
+        del graph, step
+        torch.cuda.empty_cache()
+    result = dict(shape=args.shape, cached=args.cached, read_ceiling_gbs=round(read_bps / 1e9, 1), curve=rows)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_step_curve.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
@@ -332,11 +365,15 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=4096, help="page-table width in tokens, as the core's")
     parser.add_argument("--variants", default="serving,no_pdl,unfused")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--curve", default="", help="batches, e.g. 1,2,4,8,16,32,64: the serving step at each "
+                        "against its floor (weights + the KV it reads) at the same run's read ceiling")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
     spec = make_spec(args.shape)
     decoder = Decoder(spec, random_runtime_weights(spec, scale=0.02, dtype=torch.bfloat16, device=DEV),
                       max_positions=args.context)
+    if args.curve:
+        return curve(decoder, [int(b) for b in args.curve.split(",")], args)
     step = Step(decoder, args.batch, args.cached, args.context // PAGE_TOKENS)
     floor_ms = step.bytes / COPY_CEILING_BPS * 1e3
     print(f"{args.shape} batch {args.batch}, {args.cached} cached keys: {step.bytes / 1e9:.2f} GB per step, "
