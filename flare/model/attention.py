@@ -61,12 +61,17 @@ class AttentionBatch:
     write_index: [B, Q] flat cache slot (page * P + offset) each token's K/V goes to
     page_table:  [B, Pmax] physical pages of each row (SCRATCH_PAGE past the end)
     kv_lens:     [B] valid cached positions per row after this step's writes
+    keys_this_step: how many of a row's last keys this step writes before its attention
+                 reads them (static): 1 for a decode row, its own; up to the width for a
+                 verification step's flat rows, whose earlier positions in the same round
+                 are other rows of the step
     """
 
     positions: torch.Tensor
     write_index: torch.Tensor
     page_table: torch.Tensor
     kv_lens: torch.Tensor
+    keys_this_step: int = 1
 
 
 @dataclass

@@ -382,6 +382,7 @@ class StepPrograms:
             write_index=self._write_index(rows, positions, (q <= limit).view(-1, 1)),
             page_table=self._page_table(rows, kv_lens),
             kv_lens=kv_lens,
+            keys_this_step=w,
         )
 
     def _verify_flat(self, slots, w):

@@ -436,7 +436,10 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     pos, table = batch.positions, batch.page_table
     pdl = pdl_level(q)
     programs = num_blocks * b * hkv * num_splits
-    preload = launch.preload and nq == 1 and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
+    # Only a row's own key may land after the preload; a verification row's earlier positions
+    # in the round are written by this step too (AttentionBatch.keys_this_step).
+    preload = launch.preload and nq == 1 and batch.keys_this_step == 1 \
+        and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
         q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out,
         pos, table, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens,
@@ -484,7 +487,9 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     that row is read again after the wait. A decode step satisfies this: its
     metadata is written by slots.decode_inputs, and the forward's first launch
     (elementwise.embed_rms_norm) waits for it without programmatic dependence; its
-    older keys were written by earlier steps.
+    older keys were written by earlier steps. A verification step's flat rows are not:
+    a row's earlier positions in the round are written by the same qkv launch, so a
+    batch with ``keys_this_step`` above 1 is never preloaded.
     """
     require(q.dim() == 4 and q.shape[1] == 1, "paged_decode_attention", f"q must be [B, 1, H, D], got {tuple(q.shape)}")
     return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale, launch=launch or DECODE_LAUNCH,

@@ -218,7 +218,7 @@ def verification_inputs(buffers: dict[str, torch.Tensor], slots: torch.Tensor, w
         W=width, PAGE=page_tokens, BLOCK_P=next_power_of_2(max_pages), PDL=pdl, num_warps=1, **pdl_options(pdl),
     )
     return tokens, AttentionBatch(positions=positions, write_index=write_index, page_table=page_table,
-                                  kv_lens=kv_lens)
+                                  kv_lens=kv_lens, keys_this_step=width)
 
 
 def commit_verification(buffers: dict[str, torch.Tensor], output_counts: torch.Tensor, slots: torch.Tensor,

@@ -118,6 +118,7 @@ def test_verification_inputs_match_the_torch_reads():
     assert torch.equal(tokens, want_tokens)
     for field in ("positions", "write_index", "page_table", "kv_lens"):
         assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert got.keys_this_step == want.keys_this_step == width, "no attention preload over the round's own keys"
     assert int(got.positions[2 * width + 4, 0]) == 255, "positions past the context are clamped"
     assert int(got.write_index[width + 3, 0]) == 0, "a position past the row's drafts writes the scratch page"
 
