@@ -330,13 +330,13 @@ def _shape_calls(ws: list[torch.Tensor], x: torch.Tensor, fn) -> list:
     return calls if len(calls) > 1 else calls * 4  # lm_head: 1 GB per call, far past the L2
 
 
-def bench_gemv(ceiling: float, results: dict, weights, gen) -> None:
+def bench_gemv(ceiling: float, results: dict, weights, gen, rows=(1, 2, 4, 8)) -> None:
     print("\n== small-batch linear (bf16, 32 distinct weights per shape): us per call, % of copy ceiling ==")
     row("shape", "M", "flare us", "flare %", "cublas us", "cublas %", "speedup", "config")
     for name, ws in weights.items():
         n, k = ws[0].shape
         nbytes = n * k * 2
-        for m in (1, 2, 4, 8):
+        for m in rows:
             x = torch.randn(m, k, device=DEV, generator=gen).bfloat16()
             ours = graph_us(_shape_calls(ws, x, linear_small_m))
             ref = graph_us(_shape_calls(ws, x, F.linear))
@@ -377,6 +377,16 @@ def bench_step(ceiling: float, results: dict, weights, gen) -> None:
 
 def sweep_configs(m: int) -> list[GemvConfig]:
     swap = lambda bn, bk, st, **kw: GemvConfig(block_n=bn, block_k=bk, num_stages=st, mode="swap", **kw)  # noqa: E731
+    if m > 8:
+        # 16-64 rows (decode batches past the GEMV's first range): the weight as the wide
+        # operand (64 and 128 rows feed the Hopper warpgroup product) or as the narrow one
+        # ("dot": x is the 64-row operand); split K for the narrow shapes' few programs.
+        dot = lambda bn, bk, st, **kw: GemvConfig(block_n=bn, block_k=bk, num_stages=st, mode="dot", **kw)  # noqa: E731
+        configs = [swap(64, 128, st) for st in (3, 4, 5)] + [swap(128, 64, st) for st in (4, 6)]
+        configs += [swap(128, 128, 3), swap(128, 128, 4, num_warps=8), swap(64, 256, 3), swap(32, 256, 4)]
+        configs += [swap(64, 128, 4, split_k=2), swap(32, 256, 4, split_k=2), swap(64, 128, 4, split_k=4)]
+        configs += [dot(64, 128, 4), dot(32, 128, 5), dot(128, 64, 4), dot(64, 128, 4, split_k=2)]
+        return configs
     configs = [swap(32, 256, st) for st in (4, 5, 6, 7)] + [swap(64, 256, st) for st in (5, 6)]
     configs += [swap(64, 128, st) for st in (4, 5, 6, 7)] + [swap(128, 128, 3), swap(128, 128, 4)]
     configs += [swap(32, 512, 3), swap(32, 512, 4), swap(16, 256, 5), swap(16, 512, 5), swap(32, 256, 5, split_k=2)]
@@ -440,29 +450,32 @@ def bench_attention_sweep(results: dict) -> None:
     results["attention_sweep"] = table
 
 
-def bench_sweep(ceiling: float, results: dict, weights, gen, budget_s: float) -> None:
+def bench_sweep(ceiling: float, results: dict, weights, gen, budget_s: float, rows=(1, 8)) -> None:
+    """Each row count gets its share of the budget; configs run in sweep_configs' order, each
+    over every shape, so a budget cut leaves every shape measured with the same configs."""
     print("\n== GemvConfig sweep: best per shape (% of copy ceiling) ==")
     row("shape", "M", "best %", "default %", "cublas %", "best config")
-    deadline = time.monotonic() + budget_s
     table = {}
-    for m in (1, 8):
+    for m in rows:
+        deadline = time.monotonic() + budget_s / len(rows)
+        shapes = {}
         for name, ws in weights.items():
             n, k = ws[0].shape
-            nbytes = n * k * 2
-            x = torch.randn(m, k, device=DEV, generator=gen).bfloat16()
-            pct = lambda us: 100 * nbytes / (us * 1e-6) / 1e9 / ceiling  # noqa: E731
-            scores = []
-            for cfg in sweep_configs(m):
-                if time.monotonic() > deadline:
-                    break
+            shapes[name] = (ws, torch.randn(m, k, device=DEV, generator=gen).bfloat16(), n * k * 2, [])
+        for cfg in sweep_configs(m):
+            if time.monotonic() > deadline:
+                break
+            for name, (ws, x, nbytes, scores) in shapes.items():
                 try:
                     us = graph_us(_shape_calls(ws, x, lambda x, w, c=cfg: linear_small_m(x, w, config=c)), repeats=7)
                 except Exception as exc:  # a shape that does not compile (resources): report and go on
                     print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
                     continue
-                scores.append((pct(us), cfg))
+                scores.append((100 * nbytes / (us * 1e-6) / 1e9 / ceiling, cfg))
+        for name, (ws, x, nbytes, scores) in shapes.items():
             if not scores:
                 continue
+            pct = lambda us: 100 * nbytes / (us * 1e-6) / 1e9 / ceiling  # noqa: E731
             best_pct, best = max(scores, key=lambda s: s[0])
             default_pct = pct(graph_us(_shape_calls(ws, x, linear_small_m), repeats=7))
             cublas_pct = pct(graph_us(_shape_calls(ws, x, F.linear), repeats=7))
@@ -478,6 +491,8 @@ def main() -> None:
     parser.add_argument("--only", default="attention,elementwise,gemv,step")
     parser.add_argument("--sweep", default="", help="comma list of gemv,attention: time launch-shape grids")
     parser.add_argument("--sweep-budget-s", type=float, default=240.0)
+    parser.add_argument("--rows", default="1,2,4,8", help="M values of the gemv section")
+    parser.add_argument("--sweep-rows", default="1,8", help="M values of the gemv sweep")
     parser.add_argument("--json", help="also write the results object here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -501,9 +516,10 @@ def main() -> None:
             gen = torch.Generator(device=DEV).manual_seed(2)
             weights = _weights(gen)
             if "gemv" in sweeps:
-                bench_sweep(ceiling, results, weights, gen, args.sweep_budget_s)
+                bench_sweep(ceiling, results, weights, gen, args.sweep_budget_s,
+                            [int(m) for m in args.sweep_rows.split(",")])
             if "gemv" in sections:
-                bench_gemv(ceiling, results, weights, gen)
+                bench_gemv(ceiling, results, weights, gen, [int(m) for m in args.rows.split(",")])
             if "step" in sections:
                 bench_step(ceiling, results, weights, gen)
     if args.json:

@@ -160,6 +160,8 @@ class Variant:
     norm_warps: int = 8  # elementwise.NORM_WARPS_WIDE
     gemv_shapes: dict = field(default_factory=dict)  # gemv.SHAPE_OVERRIDES at batch 1
     multi_row: dict = field(default_factory=dict)  # gemv.MULTI_ROW_OVERRIDES (2..8 rows)
+    wide_rows: dict = field(default_factory=dict)  # gemv.WIDE_ROW_OVERRIDES (9..64 rows)
+    routed_rows: int = gemv.ROUTED_ROWS  # rows the selectors send to the GEMV rather than cuBLAS
     merge_rows: int = 16  # attention.MERGE_ROWS
     # Extra one-program kernels after each layer's attention (PDL like the step's own): what
     # one more kernel boundary in the chain costs.
@@ -277,6 +279,19 @@ VARIANTS.update({
                                                  num_stages=5), exact=False),
     "mr_gate_up_bn32": Variant(multi_row=_tiles((GATE_UP,), block_n=32, block_k=256, num_stages=5), exact=False),
 })
+# Decode batches of 9..128 rows through the GEMV kernel (its tensor-core tile up to 128 rows and
+# the fused epilogues) instead of cuBLAS and the elementwise kernels; "wide_*" with other tiles.
+ALL_SHAPES = (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD)
+VARIANTS.update({
+    "wide": Variant(routed_rows=128, exact=False),
+    "wide64": Variant(routed_rows=64, exact=False),
+    "wide_dot": Variant(routed_rows=128, wide_rows=_tiles(ALL_SHAPES, mode="dot", block_n=64, block_k=128,
+                                                           num_stages=4), exact=False),
+    "wide_bn128": Variant(routed_rows=128, wide_rows=_tiles(ALL_SHAPES, block_n=128, block_k=64, num_stages=4,
+                                                             num_warps=8), exact=False),
+    "wide_bn32": Variant(routed_rows=128, wide_rows=_tiles(ALL_SHAPES, block_n=32, block_k=256, num_stages=4),
+                         exact=False),
+})
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
 
@@ -308,6 +323,8 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
     elementwise.NORM_WARPS_WIDE = v.norm_warps
     gemv.SHAPE_OVERRIDES = dict(v.gemv_shapes)
     gemv.MULTI_ROW_OVERRIDES = dict(v.multi_row)
+    gemv.WIDE_ROW_OVERRIDES = dict(v.wide_rows)
+    gemv.ROUTED_ROWS = v.routed_rows
     attention.MERGE_ROWS = v.merge_rows
     ops = cuda_ops()
     if "silu" in v.unfused:
@@ -325,30 +342,35 @@ def apply_variant(name: str, decoder: Decoder) -> Variant:
 
 
 def curve(decoder: Decoder, batches: list[int], args) -> int:
-    """The serving step at each batch against its floor: the bytes it must read (every weight
-    but the embedding, plus each row's cached K/V) at the streaming-read ceiling measured in
-    this run over a weight-sized buffer (the copy-ceiling ratio beside it, for history)."""
+    """The step at each batch against its floor: the bytes it must read (every weight but the
+    embedding, plus each row's cached K/V) at the streaming-read ceiling measured in this run
+    over a weight-sized buffer (the copy-ceiling ratio beside it, for history). One row per
+    (variant, batch); ``--variants`` names them (the serving configuration first)."""
     weights = sum(t.numel() * t.element_size() for name, t in decoder.w.items() if name != "embed")
     read_bps = read_ceiling_gbs(weights)[0] * 1e9
     print(f"{args.shape}, {args.cached} cached keys a row: read ceiling {read_bps / 1e9:,.0f} GB/s over "
           f"{weights / 1e9:.2f} GB (copy {COPY_CEILING_BPS / 1e9:,.0f})", flush=True)
-    apply_variant("serving", decoder)
     rows = []
     for b in batches:
         step = Step(decoder, b, args.cached, args.context // PAGE_TOKENS)
-        graph, _ = capture(step)
-        ms = min(replay_ms(graph, replays=50, runs=7) for _ in range(2))
         floor = step.bytes / read_bps * 1e3
-        row = dict(batch=b, ms=round(ms, 3), floor_ms=round(floor, 3), vs_read_floor=round(ms / floor, 3),
-                   vs_copy_floor=round(ms * COPY_CEILING_BPS / step.bytes / 1e3, 3), tok_s=round(b / ms * 1e3, 1))
-        rows.append(row)
-        print(f"  batch {b:>3}: {ms:.3f} ms/step, floor {floor:.3f} ms ({row['vs_read_floor']:.3f}x read, "
-              f"{row['vs_copy_floor']:.3f}x copy), {row['tok_s']:,.0f} tok/s", flush=True)
-        if args.profile and b == batches[-1]:
-            for name, exposed, dur, n in profile(graph, args.out):
-                print(f"     {exposed:9.1f} {dur:9.1f} {n:4d}  {name}")
-        del graph, step
+        for name in args.variants.split(","):
+            apply_variant(name, decoder)
+            graph, _ = capture(step)
+            ms = min(replay_ms(graph, replays=50, runs=7) for _ in range(2))
+            row = dict(variant=name, batch=b, ms=round(ms, 3), floor_ms=round(floor, 3),
+                       vs_read_floor=round(ms / floor, 3),
+                       vs_copy_floor=round(ms * COPY_CEILING_BPS / step.bytes / 1e3, 3), tok_s=round(b / ms * 1e3, 1))
+            rows.append(row)
+            print(f"  batch {b:>3} {name:>16}: {ms:.3f} ms/step, floor {floor:.3f} ms ({row['vs_read_floor']:.3f}x "
+                  f"read, {row['vs_copy_floor']:.3f}x copy), {row['tok_s']:,.0f} tok/s", flush=True)
+            if args.profile and b in args.profile_batches:
+                for kname, exposed, dur, n in profile(graph, args.out):
+                    print(f"     {exposed:9.1f} {dur:9.1f} {n:4d}  {kname}")
+            del graph
+        del step
         torch.cuda.empty_cache()
+    apply_variant("serving", decoder)
     result = dict(shape=args.shape, cached=args.cached, read_ceiling_gbs=round(read_bps / 1e9, 1), curve=rows)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -365,10 +387,12 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=4096, help="page-table width in tokens, as the core's")
     parser.add_argument("--variants", default="serving,no_pdl,unfused")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-batches", default="64", help="with --curve: the batches to profile")
     parser.add_argument("--curve", default="", help="batches, e.g. 1,2,4,8,16,32,64: the serving step at each "
                         "against its floor (weights + the KV it reads) at the same run's read ceiling")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
+    args.profile_batches = {int(b) for b in args.profile_batches.split(",")}
     spec = make_spec(args.shape)
     decoder = Decoder(spec, random_runtime_weights(spec, scale=0.02, dtype=torch.bfloat16, device=DEV),
                       max_positions=args.context)

@@ -201,7 +201,7 @@ def test_linear_small_m_llama3_shapes(name):
     gen = torch.Generator(device=DEV).manual_seed(n)
     w = (torch.randn(n, k, generator=gen, device=DEV) / math.sqrt(k)).bfloat16()
     bias = torch.randn(n, generator=gen, device=DEV).bfloat16() if name == "qkv" else None
-    for m in (1, 2, 4, 8):
+    for m in (1, 2, 4, 8, 16, 33, 64, 128):  # the wide rows' tensor-core tiles too
         x = torch.randn(m, k, generator=gen, device=DEV).bfloat16()
         _check_linear(f"linear_small_m {name} M={m} N={n} K={k}", linear_small_m(x, w, bias), x, w, bias)
     for cfg in (GemvConfig(mode="swap", block_n=64, block_k=128), GemvConfig(mode="dot", split_k=4, block_n=32),
@@ -215,8 +215,8 @@ def test_linear_selector():
     w = torch.randn(1024, 4096, generator=gen, device=DEV).bfloat16()
     x = torch.randn(1, 8, 4096, generator=gen, device=DEV).bfloat16()
     assert torch.equal(linear(x, w), linear_small_m(x, w)), "linear: M=8 must route to linear_small_m"
-    x = torch.randn(16, 4096, generator=gen, device=DEV).bfloat16()
-    assert torch.equal(linear(x, w), F.linear(x, w)), "linear: M=16 must fall back to F.linear"
+    x = torch.randn(gemv.ROUTED_ROWS + 1, 4096, generator=gen, device=DEV).bfloat16()
+    assert torch.equal(linear(x, w), F.linear(x, w)), "linear: past ROUTED_ROWS must fall back to F.linear"
 
 
 # -- CUDA graphs -----------------------------------------------------------------

@@ -147,7 +147,7 @@ def test_elementwise_kernels_compile_for_sm90(launches):
 def test_gemv_kernels_compile_for_sm90(launches):
     w = _bf16(4096, 4096)
     gate_up = torch.empty(2 * 14336, 4096, dtype=torch.bfloat16)  # only launched, never run
-    for rows in (1, 2, 8):
+    for rows in (1, 2, 8, 32, 128):  # the wide rows: tensor-core tiles of up to 128 rows
         kernels.linear_small_m(_bf16(rows, 4096), w)
         kernels.linear_silu_small_m(_bf16(rows, 4096), gate_up)
     kernels.linear_small_m(_bf16(1, 4096), w, out_dtype=torch.float32)
@@ -158,7 +158,7 @@ def test_gemv_kernels_compile_for_sm90(launches):
     kernels.linear_small_m(_bf16(4, 1024), _bf16(256, 1024), config=GemvConfig(split_k=4))  # + the split sum
     kernels.linear_small_m(_bf16(2, 4096), w, _bf16(4096), config=GemvConfig(mode="dot"))
     # The add+norm epilogue, and its NormedRows into each consumer (batch 1 is FMA).
-    for rows in (1, 2):
+    for rows in (1, 2, 64):
         normed = kernels.linear_add_rms_norm_small_m(_bf16(rows, 4096), w, _bf16(rows, 4096, seed=3),
                                                      _bf16(4096, seed=4), 1e-5)
         kernels.linear_small_m(normed, w, out_dtype=torch.float32)
@@ -168,6 +168,10 @@ def test_gemv_kernels_compile_for_sm90(launches):
     one = kernels.linear_add_rms_norm_small_m(_bf16(1, 1, 4096), w, _bf16(1, 1, 4096, seed=3), _bf16(4096), 1e-5)
     kernels.linear_qkv_rope_small_m(one, _bf16(48 * 128, 4096), None, 32, table, table,
                                     torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64),
+                                    pool, pool.clone())
+    wide = kernels.linear_add_rms_norm_small_m(_bf16(64, 1, 4096), w, _bf16(64, 1, 4096, seed=3), _bf16(4096), 1e-5)
+    kernels.linear_qkv_rope_small_m(wide, _bf16(48 * 128, 4096), None, 32, table, table,
+                                    torch.zeros(64, 1, dtype=torch.int64), torch.zeros(64, 1, dtype=torch.int64),
                                     pool, pool.clone())
     names = _compile_all(launches)
     assert {"_linear_small_m_kernel", "_sum_splits_kernel"} <= set(names), names

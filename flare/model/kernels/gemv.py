@@ -57,7 +57,10 @@ from ._common import (
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 
-MAX_ROWS = 8
+# Rows one launch takes (a tensor-core tile of up to 128 x rows); ROUTED_ROWS: how many
+# rows the selectors (:func:`linear` and the others) send here rather than to cuBLAS.
+MAX_ROWS = 128
+ROUTED_ROWS = 8
 # Epilogues of the GEMV kernel (its EPILOGUE argument), and their kernel-side constants.
 EPILOGUE_PLAIN, EPILOGUE_GLU, EPILOGUE_ROPE = 0, 1, 2
 _GLU, _ROPE = tl.constexpr(EPILOGUE_GLU), tl.constexpr(EPILOGUE_ROPE)
@@ -67,8 +70,10 @@ ROPE_MAX_REGISTERS = 80  # GemvConfig.max_registers of the batch-1 qkv product (
 # GemvConfig fields :func:`default_config` overrides for (N, K) weight shapes at batch 1
 # (tools/bench_step.py sets them per variant).
 SHAPE_OVERRIDES: dict[tuple[int, int], dict] = {}
-# The same for 2..MAX_ROWS rows (a verification step's flat rows, small decode batches).
+# The same for 2..8 rows (a verification step's flat rows, small decode batches).
 MULTI_ROW_OVERRIDES: dict[tuple[int, int], dict] = {}
+# The same for 9..MAX_ROWS rows (decode batches up to 64).
+WIDE_ROW_OVERRIDES: dict[tuple[int, int], dict] = {}
 _MODES = {"fma": 0, "dot": 1, "swap": 2}
 
 
@@ -376,13 +381,18 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
                          mode="fma", preload_tiles=PRELOAD_TILES, k_fold=8 if rope else K_FOLD,
                          max_registers=ROPE_MAX_REGISTERS if rope else 0)
         cfg = replace(cfg, **SHAPE_OVERRIDES.get((n, k), {}))
+    elif m > 8:
+        narrow = n <= 8192  # Llama-3-8B's qkv, o and down: 32-row tiles keep 128+ programs, K whole
+        cfg = GemvConfig(block_n=32 if narrow else 64, block_k=128, num_warps=4,
+                         num_stages=(5 if narrow else 4) if m <= 64 else 3, mode="swap")
+        cfg = replace(cfg, **WIDE_ROW_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
     elif n <= 4096:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=5, mode="swap")
     else:
         cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6 if n < 16384 else 4, mode="swap")
-    if m > 1:
+    if 1 < m <= 8:
         cfg = replace(cfg, **MULTI_ROW_OVERRIDES.get((n, k), {}))
     # Small models' narrow layers: split K until the grid covers half the SMs.
     split_k = 1
@@ -597,7 +607,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
     n = outputs
     part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=rows.device) if cfg.split_k > 1 else out
     bias_arg = bias if bias is not None else out
-    block_m = 1 if cfg.mode == "fma" else 16
+    block_m = 1 if cfg.mode == "fma" else max(16, next_power_of_2(m))
     per_program = cfg.block_n // 2 if epilogue == EPILOGUE_GLU else cfg.block_n
     if rope is not None:
         cos, sin, pos, widx, k_pool, v_pool, num_heads, num_kv, half = rope
@@ -636,7 +646,7 @@ def prefers_small_m(m: int, n: int, k: int, dtype: torch.dtype, device: torch.de
     M = 1..8 (gate_up at M >= 2 within 1%, the rest 3-25% faster), so every
     half-precision product of at most MAX_ROWS rows goes there.
     """
-    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and 1 <= m <= MAX_ROWS and k % 8 == 0
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and 1 <= m <= ROUTED_ROWS and k % 8 == 0
 
 
 def _routes_small_m(x: torch.Tensor, w: torch.Tensor) -> bool:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from flare.model.kernels import MAX_ROWS, GemvConfig, KernelInputError, default_config, gemv, linear, linear_small_m
-from flare.model.kernels.gemv import prefers_small_m
+from flare.model.kernels.gemv import ROUTED_ROWS, prefers_small_m
 
 
 def check_linear(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, label: str) -> None:
@@ -27,7 +27,7 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("m", [1, 3, MAX_ROWS])
+@pytest.mark.parametrize("m", [1, 3, 20, MAX_ROWS])
 @pytest.mark.parametrize("config", CONFIGS, ids=["dot", "swap-split3", "dot-split2"])
 def test_tensor_core_modes(dtype, m, config):
     gen = torch.Generator().manual_seed(m)
@@ -85,8 +85,9 @@ def test_default_config_runs():
 def test_selector_routes_only_small_batches_on_cuda():
     cuda = torch.device("cuda")
     assert prefers_small_m(1, 4096, 4096, torch.bfloat16, cuda)
-    assert prefers_small_m(MAX_ROWS, 4096, 4096, torch.bfloat16, cuda)
-    assert not prefers_small_m(MAX_ROWS + 1, 4096, 4096, torch.bfloat16, cuda)
+    assert prefers_small_m(ROUTED_ROWS, 4096, 4096, torch.bfloat16, cuda)
+    assert not prefers_small_m(ROUTED_ROWS + 1, 4096, 4096, torch.bfloat16, cuda)
+    assert ROUTED_ROWS <= MAX_ROWS
     assert not prefers_small_m(1, 4096, 4096, torch.float32, cuda)
     assert not prefers_small_m(1, 4096, 4096, torch.bfloat16, torch.device("cpu"))
     # On the CPU the selector is F.linear itself.
@@ -96,8 +97,8 @@ def test_selector_routes_only_small_batches_on_cuda():
 
 def test_bad_inputs_raise_typed_errors():
     w = torch.randn(8, 16)
-    with pytest.raises(KernelInputError, match=r"x must have 1\.\.8 rows, got 9"):
-        linear_small_m(torch.randn(9, 16), w)
+    with pytest.raises(KernelInputError, match=r"x must have 1\.\.128 rows, got 129"):
+        linear_small_m(torch.randn(129, 16), w)
     with pytest.raises(KernelInputError, match=r"x must be \[\.\.\., K=16\]"):
         linear_small_m(torch.randn(2, 15), w)
     with pytest.raises(KernelInputError, match="share a float dtype"):

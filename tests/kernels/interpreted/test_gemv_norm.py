@@ -94,9 +94,9 @@ def test_gemv_normalises_its_normed_rows_input(dtype, producer, consumer):
     assert err <= (1e-5 if dtype == torch.float32 else 4e-3), f"{consumer}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("config", [FMA, FOLD], ids=["fma", "fold8"])
-def test_normed_rows_in_the_glu_rope_and_logits_epilogues(config):
-    x, w, residual, g = _sublayer(1, 128, torch.bfloat16, seed=34)
+@pytest.mark.parametrize("config, m", [(FMA, 1), (FOLD, 1), (SWAP, 40)], ids=["fma", "fold8", "swap-40-rows"])
+def test_normed_rows_in_the_glu_rope_and_logits_epilogues(config, m):
+    x, w, residual, g = _sublayer(m, 128, torch.bfloat16, seed=34)
     normed = linear_add_rms_norm_small_m(x, w, residual, g, EPS, config=config)
     want_in = _normed_f64(normed.x, g)
     gen = torch.Generator().manual_seed(35)
@@ -111,8 +111,10 @@ def test_normed_rows_in_the_glu_rope_and_logits_epilogues(config):
     wq = (torch.randn((heads + 2 * kv_heads) * d, 128, generator=gen) / 8).bfloat16()
     angles = torch.randn(40, d, generator=gen)
     cos, sin = angles.cos(), angles.sin()
-    pos, widx = torch.tensor([[7]]), torch.tensor([[65]])
-    pools = [torch.zeros(2, 64, kv_heads, d).bfloat16() for _ in range(2)]
+    pos = torch.arange(m).view(m, 1) % 40  # each row its own position and cache slot
+    widx = 64 + 2 * torch.arange(m).view(m, 1)
+    untouched = 8192.0  # no k or v value comes near it
+    pools = [torch.full((3, 64, kv_heads, d), untouched).bfloat16() for _ in range(2)]
     want_pools = [p.clone() for p in pools]
     q = linear_qkv_rope_small_m(normed, wq, None, heads, cos, sin, pos, widx, *pools, config=config)
     want_q = decoder.qkv_rope_write(F.linear(want_in, wq.double()).bfloat16(), heads, None, None, EPS,
@@ -120,7 +122,7 @@ def test_normed_rows_in_the_glu_rope_and_logits_epilogues(config):
     assert _rel_err(q, want_q.double()) <= 1e-2
     for got_pool, want_pool in zip(pools, want_pools):
         assert _rel_err(got_pool, want_pool.double()) <= 1e-2
-        assert torch.equal(got_pool != 0, want_pool != 0), "k/v written at the write index only"
+        assert torch.equal(got_pool == untouched, want_pool == untouched), "k/v written at the write index only"
 
 
 def test_bad_norm_inputs_raise_typed_errors():
@@ -141,9 +143,9 @@ def test_bad_norm_inputs_raise_typed_errors():
 
 @pytest.fixture
 def small_m_on_cpu(monkeypatch):
-    """Route half-precision products of at most MAX_ROWS rows to the GEMV on the CPU too."""
+    """Route half-precision products of at most ROUTED_ROWS rows to the GEMV on the CPU too."""
     def prefers(m, n, k, dtype, device):
-        return dtype in (torch.bfloat16, torch.float16) and 1 <= m <= gemv.MAX_ROWS and k % 8 == 0
+        return dtype in (torch.bfloat16, torch.float16) and 1 <= m <= gemv.ROUTED_ROWS and k % 8 == 0
 
     monkeypatch.setattr(gemv, "prefers_small_m", prefers)
 
@@ -165,7 +167,7 @@ def test_selectors_take_normed_rows_or_materialise_them(small_m_on_cpu):
     assert gemv.default_config(1, 16, 4096, h.device).split_k > 1
     assert _rel_err(linear(normed, narrow), F.linear(want_in, narrow.double())) <= 1e-2
     # More rows than the GEMV takes: the product, then one add+norm kernel.
-    many_x, _, many_res, _ = _sublayer(12, 4096, torch.bfloat16, seed=39)
+    many_x, _, many_res, _ = _sublayer(gemv.ROUTED_ROWS + 4, 4096, torch.bfloat16, seed=39)
     y, h = linear_add_rms_norm(many_x, w, many_res, g, EPS)
     assert isinstance(y, torch.Tensor) and torch.equal(h, many_res + F.linear(many_x, w))
     torch.testing.assert_close(y, layers.rms_norm(h, g, EPS), rtol=1e-2, atol=1e-2)
