@@ -257,7 +257,7 @@ def cuda_bench(args) -> None:
     spec = sched.speculation
     rng = np.random.default_rng(5)
     try:
-        for batch in (1, 32):
+        for batch in args.batches:
             alone, prompts, params, plain_dt, plain_out = plain_rounds(model, spec, batch, rng, args)
             tokens = sum(len(o) for o in plain_out)
             row = {"plain_tok_s": round(tokens / plain_dt, 1)}
@@ -443,6 +443,7 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=128, help="CUDA: random prompt tokens")
     parser.add_argument("--bs1-prompts", type=int, default=6, help="CUDA: batch-1 prompts run one after another")
     parser.add_argument("--accept", type=float, nargs="+", default=[0.8, 0.0], help="CUDA: replayed draft accuracy")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="CUDA: batch sizes of the replay runs")
     parser.add_argument("--drafter", action="store_true", help="CUDA: a random 1B draft core's overhead instead")
     parser.add_argument("--profile", action="store_true", help="CUDA: kernel tables of decode and verification")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/flare-bench"))

@@ -279,17 +279,12 @@ VARIANTS.update({
                                                  num_stages=5), exact=False),
     "mr_gate_up_bn32": Variant(multi_row=_tiles((GATE_UP,), block_n=32, block_k=256, num_stages=5), exact=False),
 })
-# Decode batches of 9..128 rows through the GEMV kernel (its tensor-core tile up to 128 rows and
-# the fused epilogues) instead of cuBLAS and the elementwise kernels; "wide_*" with other tiles.
-ALL_SHAPES = (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD)
+# Decode batches of 9..64 rows run through the GEMV kernel by default (gemv.ROUTED_ROWS):
+# "cublas_wide" routes them to cuBLAS and the elementwise kernels as before; "wide_deep" gives
+# the narrow shapes two more pipeline stages.
 VARIANTS.update({
-    "wide": Variant(routed_rows=128, exact=False),
-    "wide64": Variant(routed_rows=64, exact=False),
-    "wide_dot": Variant(routed_rows=128, wide_rows=_tiles(ALL_SHAPES, mode="dot", block_n=64, block_k=128,
-                                                           num_stages=4), exact=False),
-    "wide_bn128": Variant(routed_rows=128, wide_rows=_tiles(ALL_SHAPES, block_n=128, block_k=64, num_stages=4,
-                                                             num_warps=8), exact=False),
-    "wide_bn32": Variant(routed_rows=128, wide_rows=_tiles(ALL_SHAPES, block_n=32, block_k=256, num_stages=4),
+    "cublas_wide": Variant(routed_rows=8, exact=False),
+    "wide_deep": Variant(wide_rows={QKV: {"num_stages": 6}, O_PROJ: {"num_stages": 7}, DOWN: {"num_stages": 7}},
                          exact=False),
 })
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH

@@ -60,7 +60,7 @@ from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rop
 # Rows one launch takes (a tensor-core tile of up to 128 x rows); ROUTED_ROWS: how many
 # rows the selectors (:func:`linear` and the others) send here rather than to cuBLAS.
 MAX_ROWS = 128
-ROUTED_ROWS = 8
+ROUTED_ROWS = 64
 # Epilogues of the GEMV kernel (its EPILOGUE argument), and their kernel-side constants.
 EPILOGUE_PLAIN, EPILOGUE_GLU, EPILOGUE_ROPE = 0, 1, 2
 _GLU, _ROPE = tl.constexpr(EPILOGUE_GLU), tl.constexpr(EPILOGUE_ROPE)
@@ -382,9 +382,25 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
                          max_registers=ROPE_MAX_REGISTERS if rope else 0)
         cfg = replace(cfg, **SHAPE_OVERRIDES.get((n, k), {}))
     elif m > 8:
-        narrow = n <= 8192  # Llama-3-8B's qkv, o and down: 32-row tiles keep 128+ programs, K whole
-        cfg = GemvConfig(block_n=32 if narrow else 64, block_k=128, num_warps=4,
-                         num_stages=(5 if narrow else 4) if m <= 64 else 3, mode="swap")
+        # 9..128 rows: the tile's other side is the next power of two of M, so these are
+        # Hopper warpgroup products (wgmma) wherever one side holds 64 rows. H200 sweep
+        # (tools/bench_kernels.py --sweep gemv --sweep-rows 64,16, % of the copy ceiling,
+        # cuBLAS in brackets). M=16, weight as the 64-row side: qkv 73.3 (73.0), o 69.0
+        # (57.6), down 81.6 (83.2), gate_up 94.0 (95.3), lm_head 100.4 (96.8); 32-row tiles
+        # fall back to mma.sync and lost (41-53 on the narrow shapes). M=64: qkv 67.9
+        # (71.3), o 65.5 (65.2) and down 77.1 (75.0) with x as the 64-row side over 32-row
+        # weight tiles ("dot"), gate_up 87.6 (87.2) and lm_head 93.7 (87.6) with 128-row
+        # weight tiles. Unsplit K everywhere: the epilogues (norm, SiLU-mul, RoPE) need it.
+        # At M=128 every tile lost to cuBLAS (37-83 against 57-87), so ROUTED_ROWS stops at 64.
+        wide = n >= 16384  # gate/up and the vocabulary: output tiles for every SM
+        if m <= 16:
+            cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4 if wide else 5, mode="swap")
+        elif wide:
+            cfg = GemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=6, mode="swap")
+        elif n <= 4096:  # o and down
+            cfg = GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=5, mode="dot")
+        else:  # qkv
+            cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, mode="swap")
         cfg = replace(cfg, **WIDE_ROW_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
@@ -394,9 +410,12 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6 if n < 16384 else 4, mode="swap")
     if 1 < m <= 8:
         cfg = replace(cfg, **MULTI_ROW_OVERRIDES.get((n, k), {}))
-    # Small models' narrow layers: split K until the grid covers half the SMs.
+    # Small models' narrow layers: split K until the grid covers half the SMs (a quarter with
+    # wide rows, where Llama-3-8B's o and down keep K whole for their epilogues: 64 programs
+    # of 64 x 128 tiles at M=16 measured 69.0 and 81.6% unsplit).
     split_k = 1
-    while triton.cdiv(n, cfg.block_n) * split_k < sms // 2 and k >= 4 * cfg.block_k * split_k and split_k < 8:
+    target = sms // 2 if m <= 8 else sms // 4
+    while triton.cdiv(n, cfg.block_n) * split_k < target and k >= 4 * cfg.block_k * split_k and split_k < 8:
         split_k *= 2
     return replace(cfg, split_k=split_k)
 
