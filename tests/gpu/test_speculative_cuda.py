@@ -42,14 +42,23 @@ def _key(ids) -> bytes:
     return np.asarray(ids, np.int32).tobytes()
 
 
+def _replay_plain_run(model, truth, ids, max_tokens: int) -> list[int]:
+    """Greedy tokens of a plain decode of ``ids``, recorded as the proposer's drafts for it."""
+    spec = model.runtime.scheduler.speculation
+    model.runtime.scheduler.speculation = None
+    try:
+        plain = run(model, ids, temperature=0.0, max_tokens=max_tokens, ignore_eos=True)[0]
+    finally:
+        model.runtime.scheduler.speculation = spec
+    truth[_key(ids)] = np.asarray(plain, np.int64)
+    return plain
+
+
 def test_greedy_verification_gives_its_continuation_back_at_any_acceptance(replaying):
     model, truth, proposer = replaying
     spec = model.runtime.scheduler.speculation
     ids = list(range(3, 40))
-    model.runtime.scheduler.speculation = None
-    plain = run(model, ids, temperature=0.0, max_tokens=48, ignore_eos=True)[0]
-    model.runtime.scheduler.speculation = spec
-    truth[_key(ids)] = np.asarray(plain, np.int64)
+    _replay_plain_run(model, truth, ids, 48)
     spec.always = True
     try:
         proposer.accept = 1.0
@@ -77,10 +86,7 @@ def test_sampled_verification_emits_every_token_it_accepts(replaying):
     model, truth, proposer = replaying
     spec = model.runtime.scheduler.speculation
     ids = list(range(50, 90))
-    model.runtime.scheduler.speculation = None
-    greedy = run(model, ids, temperature=0.0, max_tokens=40, ignore_eos=True)[0]
-    model.runtime.scheduler.speculation = spec
-    truth[_key(ids)] = np.asarray(greedy, np.int64)
+    _replay_plain_run(model, truth, ids, 40)
     proposer.accept = 1.0
     spec.always = True
     try:
