@@ -68,6 +68,7 @@ def log(message: str) -> None:
 
 def save_results(out: Path | None) -> None:
     if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
         (out / "bench_gpu.json").write_text(json.dumps(RESULTS, indent=2))
 
 

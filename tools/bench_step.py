@@ -279,13 +279,13 @@ VARIANTS.update({
                                                  num_stages=5), exact=False),
     "mr_gate_up_bn32": Variant(multi_row=_tiles((GATE_UP,), block_n=32, block_k=256, num_stages=5), exact=False),
 })
-# Decode batches of 9..64 rows run through the GEMV kernel by default (gemv.ROUTED_ROWS):
-# "cublas_wide" routes them to cuBLAS and the elementwise kernels as before; "wide_deep" gives
-# the narrow shapes two more pipeline stages.
+# Decode batches of 9..64 rows through the GEMV kernel (its tensor-core tiles and the fused
+# epilogues) instead of cuBLAS and the elementwise kernels (gemv.ROUTED_ROWS); "wide_deep" with
+# two more pipeline stages on the narrow shapes.
 VARIANTS.update({
-    "cublas_wide": Variant(routed_rows=8, exact=False),
-    "wide_deep": Variant(wide_rows={QKV: {"num_stages": 6}, O_PROJ: {"num_stages": 7}, DOWN: {"num_stages": 7}},
-                         exact=False),
+    "wide": Variant(routed_rows=64, exact=False),
+    "wide_deep": Variant(routed_rows=64, wide_rows={QKV: {"num_stages": 6}, O_PROJ: {"num_stages": 7},
+                                                    DOWN: {"num_stages": 7}}, exact=False),
 })
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 

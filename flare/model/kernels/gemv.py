@@ -1,4 +1,4 @@
-"""Small-batch linear layers (M <= 8 rows) that stream the weight matrix once.
+"""Small-batch linear layers that stream the weight matrix once (up to 8 rows routed, 128 a launch).
 
 At decode batch sizes a linear layer is a pass over its weight: ``out = x @ w.T``
 with x ``[M, K]`` and w ``[N, K]`` reads ``2*N*K`` bytes and does ``2*M*N*K``
@@ -58,9 +58,13 @@ from ._common import (
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 
 # Rows one launch takes (a tensor-core tile of up to 128 x rows); ROUTED_ROWS: how many
-# rows the selectors (:func:`linear` and the others) send here rather than to cuBLAS.
+# rows the selectors (:func:`linear` and the others) send here rather than to cuBLAS. Past 8
+# rows the kernel lost in the decode step even where it matched or beat cuBLAS call for call
+# (tools/bench_step.py --curve, H200, 2026-12-03: batch 16 5.161 ms a step against 4.898 with
+# cuBLAS and the elementwise kernels, batch 32 6.031 against 5.109; two more stages on the
+# narrow shapes 5.119 and 5.442), so 9..128 rows are there for the benchmarks' variants.
 MAX_ROWS = 128
-ROUTED_ROWS = 64
+ROUTED_ROWS = 8
 # Epilogues of the GEMV kernel (its EPILOGUE argument), and their kernel-side constants.
 EPILOGUE_PLAIN, EPILOGUE_GLU, EPILOGUE_ROPE = 0, 1, 2
 _GLU, _ROPE = tl.constexpr(EPILOGUE_GLU), tl.constexpr(EPILOGUE_ROPE)
@@ -72,7 +76,7 @@ ROPE_MAX_REGISTERS = 80  # GemvConfig.max_registers of the batch-1 qkv product (
 SHAPE_OVERRIDES: dict[tuple[int, int], dict] = {}
 # The same for 2..8 rows (a verification step's flat rows, small decode batches).
 MULTI_ROW_OVERRIDES: dict[tuple[int, int], dict] = {}
-# The same for 9..MAX_ROWS rows (decode batches up to 64).
+# The same for 9..MAX_ROWS rows.
 WIDE_ROW_OVERRIDES: dict[tuple[int, int], dict] = {}
 _MODES = {"fma": 0, "dot": 1, "swap": 2}
 
@@ -391,7 +395,8 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         # (71.3), o 65.5 (65.2) and down 77.1 (75.0) with x as the 64-row side over 32-row
         # weight tiles ("dot"), gate_up 87.6 (87.2) and lm_head 93.7 (87.6) with 128-row
         # weight tiles. Unsplit K everywhere: the epilogues (norm, SiLU-mul, RoPE) need it.
-        # At M=128 every tile lost to cuBLAS (37-83 against 57-87), so ROUTED_ROWS stops at 64.
+        # At M=128 every tile lost to cuBLAS (37-83 against 57-87). In the step these tiles
+        # lost at 16 and 32 rows (ROUTED_ROWS).
         wide = n >= 16384  # gate/up and the vocabulary: output tiles for every SM
         if m <= 16:
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4 if wide else 5, mode="swap")
@@ -401,6 +406,8 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
             cfg = GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=5, mode="dot")
         else:  # qkv
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, mode="swap")
+        if m > 64:  # 128-row x tiles: three stages fit the shared memory
+            cfg = replace(cfg, num_stages=3)
         cfg = replace(cfg, **WIDE_ROW_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
@@ -663,7 +670,7 @@ def prefers_small_m(m: int, n: int, k: int, dtype: torch.dtype, device: torch.de
 
     On the H200 the kernel beat or tied cuBLAS at every Llama-3-8B shape for
     M = 1..8 (gate_up at M >= 2 within 1%, the rest 3-25% faster), so every
-    half-precision product of at most MAX_ROWS rows goes there.
+    half-precision product of at most ROUTED_ROWS rows goes there.
     """
     return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and 1 <= m <= ROUTED_ROWS and k % 8 == 0
 
