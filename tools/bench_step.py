@@ -161,7 +161,7 @@ class Variant:
     gemv_shapes: dict = field(default_factory=dict)  # gemv.SHAPE_OVERRIDES at batch 1
     multi_row: dict = field(default_factory=dict)  # gemv.MULTI_ROW_OVERRIDES (2..8 rows)
     wide_rows: dict = field(default_factory=dict)  # gemv.WIDE_ROW_OVERRIDES (9..64 rows)
-    routed_rows: int = gemv.ROUTED_ROWS  # rows the selectors send to the GEMV rather than cuBLAS
+    routed_rows: tuple = gemv.ROUTED_ROWS  # row ranges the selectors send to the GEMV rather than cuBLAS
     merge_rows: int = 16  # attention.MERGE_ROWS
     # Extra one-program kernels after each layer's attention (PDL like the step's own): what
     # one more kernel boundary in the chain costs.
@@ -280,12 +280,20 @@ VARIANTS.update({
     "mr_gate_up_bn32": Variant(multi_row=_tiles((GATE_UP,), block_n=32, block_k=256, num_stages=5), exact=False),
 })
 # Decode batches of 9..64 rows through the GEMV kernel (its tensor-core tiles and the fused
-# epilogues) instead of cuBLAS and the elementwise kernels (gemv.ROUTED_ROWS); "wide_deep" with
-# two more pipeline stages on the narrow shapes.
+# epilogues) or through cuBLAS and the elementwise kernels (gemv.ROUTED_ROWS: the kernel from 33
+# rows); "wide_shallow" with two stages fewer on the narrow shapes, as first measured.
+ALL_WIDE, ONLY_EIGHT = ((1, 64),), ((1, 8),)
+SHALLOW = {QKV: {"num_stages": 4}, O_PROJ: {"num_stages": 5}, DOWN: {"num_stages": 5}}
 VARIANTS.update({
-    "wide": Variant(routed_rows=64, exact=False),
-    "wide_deep": Variant(routed_rows=64, wide_rows={QKV: {"num_stages": 6}, O_PROJ: {"num_stages": 7},
-                                                    DOWN: {"num_stages": 7}}, exact=False),
+    "wide": Variant(routed_rows=ALL_WIDE, exact=False),
+    "wide_no_pdl": Variant(routed_rows=ALL_WIDE, pdl="off", exact=False),
+    "wide_shallow": Variant(routed_rows=ALL_WIDE, wide_rows=SHALLOW, exact=False),
+    "cublas_wide": Variant(routed_rows=ONLY_EIGHT, exact=False),
+    # the narrow shapes as 64-row warpgroup tiles of the weight
+    "wide_swap_s6": Variant(routed_rows=ALL_WIDE, wide_rows=_tiles(NARROW, mode="swap", block_n=64, block_k=128,
+                                                                   num_stages=6), exact=False),
+    "wide_swap_k64_s8": Variant(routed_rows=ALL_WIDE, wide_rows=_tiles(NARROW, mode="swap", block_n=64,
+                                                                       block_k=64, num_stages=8), exact=False),
 })
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 

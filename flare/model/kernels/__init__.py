@@ -6,7 +6,7 @@
 - :mod:`.elementwise`: fused RMSNorm, add + RMSNorm and SiLU-mul, matching
   :mod:`flare.model.layers`, and ``qkv_rope_write`` (q/k norm, rotate-half RoPE and the
   KV scatter of a layer in one launch), matching :func:`flare.model.decoder.qkv_rope_write`.
-- :mod:`.gemv`: small-batch (M <= 8) linear layers that stream the weights (the
+- :mod:`.gemv`: small-batch (decode batches up to 64) linear layers that stream the weights (the
   qkv one with RoPE and the K/V scatter as its epilogue, the gate/up one with the
   SiLU-mul, the logits stored as float32), with selectors that fall back to
   ``torch.nn.functional.linear`` and the elementwise kernels.

@@ -1,4 +1,4 @@
-"""Small-batch linear layers that stream the weight matrix once (up to 8 rows routed, 128 a launch).
+"""Small-batch linear layers that stream the weight matrix once (decode batches up to 64 rows).
 
 At decode batch sizes a linear layer is a pass over its weight: ``out = x @ w.T``
 with x ``[M, K]`` and w ``[N, K]`` reads ``2*N*K`` bytes and does ``2*M*N*K``
@@ -57,14 +57,20 @@ from ._common import (
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 
-# Rows one launch takes (a tensor-core tile of up to 128 x rows); ROUTED_ROWS: how many
-# rows the selectors (:func:`linear` and the others) send here rather than to cuBLAS. Past 8
-# rows the kernel lost in the decode step even where it matched or beat cuBLAS call for call
-# (tools/bench_step.py --curve, H200, 2026-12-03: batch 16 5.161 ms a step against 4.898 with
-# cuBLAS and the elementwise kernels, batch 32 6.031 against 5.109; two more stages on the
-# narrow shapes 5.119 and 5.442), so 9..128 rows are there for the benchmarks' variants.
+# Rows one launch takes (a tensor-core tile of up to 128 x rows), and the row counts the
+# selectors (:func:`linear` and the others) send here rather than to cuBLAS, as inclusive
+# ranges. tools/bench_step.py --curve, H200, 2026-12-03, two calls each, ms a step against
+# cuBLAS with the elementwise kernels: batch 64 5.255-5.265 against 5.518-5.522 (the wide
+# tiles below); batch 32 5.429-5.440 against 5.110-5.111, batch 16 5.131 against 4.901, so
+# 9..32 rows stay on cuBLAS. (With programmatic dependent launch off for the whole step,
+# batch 32 read 4.961-4.970: the early-launched next kernels hurt these tiles there.)
 MAX_ROWS = 128
-ROUTED_ROWS = 8
+ROUTED_ROWS: tuple[tuple[int, int], ...] = ((1, 8), (33, 64))
+
+
+def routes_rows(m: int) -> bool:
+    """Whether the selectors send a product of ``m`` rows to the GEMV kernel (ROUTED_ROWS)."""
+    return any(first <= m <= last for first, last in ROUTED_ROWS)
 # Epilogues of the GEMV kernel (its EPILOGUE argument), and their kernel-side constants.
 EPILOGUE_PLAIN, EPILOGUE_GLU, EPILOGUE_ROPE = 0, 1, 2
 _GLU, _ROPE = tl.constexpr(EPILOGUE_GLU), tl.constexpr(EPILOGUE_ROPE)
@@ -395,17 +401,19 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         # (71.3), o 65.5 (65.2) and down 77.1 (75.0) with x as the 64-row side over 32-row
         # weight tiles ("dot"), gate_up 87.6 (87.2) and lm_head 93.7 (87.6) with 128-row
         # weight tiles. Unsplit K everywhere: the epilogues (norm, SiLU-mul, RoPE) need it.
-        # At M=128 every tile lost to cuBLAS (37-83 against 57-87). In the step these tiles
-        # lost at 16 and 32 rows (ROUTED_ROWS).
+        # In the step two more stages on the narrow shapes took batch 32 from 6.03 to 5.43 ms
+        # and batch 64 from 5.29 to 5.26 (tools/bench_step.py wide_deep), so past 16 rows
+        # qkv takes 6 and o and down 7. At M=128 every tile lost to cuBLAS (37-83 against
+        # 57-87 per call).
         wide = n >= 16384  # gate/up and the vocabulary: output tiles for every SM
         if m <= 16:
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4 if wide else 5, mode="swap")
         elif wide:
             cfg = GemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=6, mode="swap")
         elif n <= 4096:  # o and down
-            cfg = GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=5, mode="dot")
+            cfg = GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=7, mode="dot")
         else:  # qkv
-            cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, mode="swap")
+            cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6, mode="swap")
         if m > 64:  # 128-row x tiles: three stages fit the shared memory
             cfg = replace(cfg, num_stages=3)
         cfg = replace(cfg, **WIDE_ROW_OVERRIDES.get((n, k), {}))
@@ -669,10 +677,11 @@ def prefers_small_m(m: int, n: int, k: int, dtype: torch.dtype, device: torch.de
     """Whether :func:`linear` routes an ``[m, k] x [n, k]`` product to the Triton kernel.
 
     On the H200 the kernel beat or tied cuBLAS at every Llama-3-8B shape for
-    M = 1..8 (gate_up at M >= 2 within 1%, the rest 3-25% faster), so every
-    half-precision product of at most ROUTED_ROWS rows goes there.
+    M = 1..8 (gate_up at M >= 2 within 1%, the rest 3-25% faster), and the decode
+    step at batch 64 with its wide tiles, so every half-precision product whose row
+    count ROUTED_ROWS holds goes there.
     """
-    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and 1 <= m <= ROUTED_ROWS and k % 8 == 0
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and routes_rows(m) and k % 8 == 0
 
 
 def _routes_small_m(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -754,6 +763,7 @@ def linear_silu(x: torch.Tensor | NormedRows, w: torch.Tensor) -> torch.Tensor:
     return silu_mul(F.linear(x, w))
 
 
-__all__ = ["GemvConfig", "MAX_ROWS", "NormedRows", "default_config", "fuses_qkv_rope", "linear",
+__all__ = ["GemvConfig", "MAX_ROWS", "NormedRows", "ROUTED_ROWS", "default_config", "fuses_qkv_rope", "linear",
            "linear_add_rms_norm", "linear_add_rms_norm_small_m", "linear_float", "linear_qkv_rope_small_m",
-           "linear_qkv_rope_write", "linear_silu", "linear_silu_small_m", "linear_small_m", "prefers_small_m"]
+           "linear_qkv_rope_write", "linear_silu", "linear_silu_small_m", "linear_small_m", "prefers_small_m",
+           "routes_rows"]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from flare.model.kernels import MAX_ROWS, GemvConfig, KernelInputError, default_config, gemv, linear, linear_small_m
-from flare.model.kernels.gemv import ROUTED_ROWS, prefers_small_m
+from flare.model.kernels.gemv import ROUTED_ROWS, prefers_small_m, routes_rows
 
 
 def check_linear(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, label: str) -> None:
@@ -85,9 +85,11 @@ def test_default_config_runs():
 def test_selector_routes_only_small_batches_on_cuda():
     cuda = torch.device("cuda")
     assert prefers_small_m(1, 4096, 4096, torch.bfloat16, cuda)
-    assert prefers_small_m(ROUTED_ROWS, 4096, 4096, torch.bfloat16, cuda)
-    assert not prefers_small_m(ROUTED_ROWS + 1, 4096, 4096, torch.bfloat16, cuda)
-    assert ROUTED_ROWS <= MAX_ROWS
+    # 1..8 rows and 33..64 (batch 64's wide tiles); 9..32 and past 64 lost to cuBLAS in the step
+    assert [m for m in range(1, MAX_ROWS + 2) if routes_rows(m)] == [*range(1, 9), *range(33, 65)], ROUTED_ROWS
+    assert prefers_small_m(64, 4096, 4096, torch.bfloat16, cuda)
+    assert not prefers_small_m(16, 4096, 4096, torch.bfloat16, cuda)
+    assert not prefers_small_m(65, 4096, 4096, torch.bfloat16, cuda)
     assert not prefers_small_m(1, 4096, 4096, torch.float32, cuda)
     assert not prefers_small_m(1, 4096, 4096, torch.bfloat16, torch.device("cpu"))
     # On the CPU the selector is F.linear itself.
