@@ -753,3 +753,62 @@ def test_prompts_progress_beside_a_constrained_decoder_with_packed_prefill():
     for i, rid in enumerate(rids):
         assert d.tokens[rid] == alone(tokens(801 + i, 200 + 50 * i), 10, 0)
     assert any(s.plan.kind in (GraphKind.MIXED, GraphKind.PREFILL) and not s.plan.decode_rows for s in d.steps)
+
+
+def _every_prefill_chunk(sel, budget):
+    """Every single-request PREFILL candidate, as Prefill.candidates enumerates them before it
+    keeps only the ones that can win (the reference for the test below)."""
+    from flare.scheduler.plan import Phase, PlanRow
+
+    s, unit, out = sel.s, sel.pol.output_token_value, []
+    for r in budget.by_phase.get(Phase.PREFILLING, []):
+        per_token, last = sel.prefill_price_per_token(r), -1
+        for g in s.graphs_of(GraphKind.PREFILL):
+            k = min(g.tokens, r.next_stop - r.planned)
+            if k == last or s.new_pages_needed(r, r.planned + k) > budget.free_pages:
+                break
+            last = k
+            sample = r.planned + k == r.prompt_len
+            out.append((GraphKind.PREFILL, g, [PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1)],
+                        k * (1.0 + per_token) + (unit if sample else 0.0)))
+    return out
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["prefill", "mixed"])
+def test_kept_prefill_candidates_select_what_every_candidate_would(monkeypatch, mixed):
+    """Prefill.candidates keeps, of each graph's single-request chunks, the first two and the
+    first of the highest value. Every plan of a run with many prompts waiting (and stale graphs
+    refreshed on credit) selects the same step from them as from every chunk."""
+    from flare.scheduler import policy
+    from flare.scheduler.steps import CandidateBudget, prefill
+
+    c = contract(max_active=16, pages=900, chunk=256, context=2048, mixed=mixed)
+    sched = RequestScheduler(c, IDENTITY)
+    d = Driver(sched, FakeExecutor(c, device_time=_h200_like))
+    _warm(sched, d)
+    select, compared, pruned_away = policy.Selection.select, [0], [0]
+
+    def checked(self, candidates, decode, now):
+        chosen = select(self, candidates, decode, now)
+        by_phase = {}
+        for r in self.s.live.values():
+            if r.inflight == 0:
+                by_phase.setdefault(r.phase, []).append(r)
+        every = _every_prefill_chunk(self, CandidateBudget(by_phase, self.s.num_free_pages))
+        single = [cand[0] == GraphKind.PREFILL and len(cand[2]) == 1 for cand in candidates]
+        if every:
+            at = single.index(True)  # the kept chunks stand where all of them stood
+            full = select(self, candidates[:at] + every + [cand for cand, one in zip(candidates[at:], single[at:])
+                                                           if not one], decode, now)
+            assert (full.kind, full.graph_index, full.rows, full.is_funded_refresh) == \
+                (chosen.kind, chosen.graph_index, chosen.rows, chosen.is_funded_refresh)
+            compared[0] += 1
+            pruned_away[0] += len(every) - sum(single)
+        return chosen
+
+    monkeypatch.setattr(policy.Selection, "select", checked)
+    assert prefill.STEP.candidates  # the kind under test
+    rids = [sched.submit(prompt(tokens(700 + i, 150 + 37 * i)), params(6), i) for i in range(40)]
+    d.run()
+    assert all(d.ended[rid].reason == "length" for rid in rids)
+    assert compared[0] > 10 and pruned_away[0] > 0, (compared, pruned_away)

@@ -23,7 +23,14 @@ class Prefill(StepKind):
         unit = sel.pol.output_token_value
         free_pages = budget.free_pages
         prefilling = budget.by_phase.get(Phase.PREFILLING, [])
-        out = []
+        # One request's chunks on the same graph differ only in value (the same duration, the
+        # same decoders left waiting), and selection takes the first of the highest score, so
+        # of each graph's chunks only the first of the highest value can win. A funded refresh
+        # of a stale graph takes its first candidate that did not win: the first two stay too.
+        # With hundreds of prompts waiting this keeps a plan's candidates to a few per graph
+        # (tools/bench_host.py at concurrency 256 built about a thousand a plan).
+        kept: dict[int, list] = {}  # graph index -> [first, second, best] as (order, r, k, sample, value)
+        order = 0
         for r in prefilling:
             planned = r.planned
             remaining = r.next_stop - planned
@@ -37,8 +44,20 @@ class Prefill(StepKind):
                 if s.new_pages_needed(r, planned + k) > free_pages:
                     break
                 sample = planned + k == r.prompt_len
-                rows = [PlanRow(r.rid, r.handle, r.epoch, planned, k, sample, -1)]
-                out.append((GraphKind.PREFILL, g, rows, k * (1.0 + per_token) + (unit if sample else 0.0)))
+                entry = (order, r, k, sample, k * (1.0 + per_token) + (unit if sample else 0.0), g)
+                order += 1
+                slots = kept.get(g.index)
+                if slots is None:
+                    kept[g.index] = [entry, None, entry]
+                    continue
+                if slots[1] is None:
+                    slots[1] = entry
+                if entry[4] > slots[2][4]:
+                    slots[2] = entry
+        entries = sorted({e[0]: e for slots in kept.values() for e in slots if e is not None}.values(),
+                         key=lambda e: e[0])
+        out = [(GraphKind.PREFILL, g, [PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1)], value)
+               for _, r, k, sample, value, g in entries]
         if len(prefilling) > 1:
             out.extend(self.cohorts(sel, prefilling, free_pages))
         return out
