@@ -59,13 +59,6 @@ class Selection:
             out.extend(step.candidates(self, budget))
         return out
 
-    def prefill_price_per_token(self, r: LiveRequest) -> float:
-        """The token-service price is paid per token served: a chunk earns the share of it
-        that its tokens are of the request's largest feasible chunk. (Paid whole to any
-        chunk, it would make the smallest capacity the best value per millisecond and cut
-        prompts into 64-token steps that each cost a full weight pass.)"""
-        return self.price(r) / max(1, min(r.next_stop - r.planned, self.s.contract.prefill_chunk_size))
-
     # -- selection -------------------------------------------------------------
 
     def select(self, candidates: list[Candidate], decode: tuple[GraphSpec, np.ndarray, float] | None,

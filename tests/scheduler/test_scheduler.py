@@ -762,7 +762,8 @@ def _every_prefill_chunk(sel, budget):
 
     s, unit, out = sel.s, sel.pol.output_token_value, []
     for r in budget.by_phase.get(Phase.PREFILLING, []):
-        per_token, last = sel.prefill_price_per_token(r), -1
+        per_token = sel.price(r) / max(1, min(r.next_stop - r.planned, s.contract.prefill_chunk_size))
+        last = -1
         for g in s.graphs_of(GraphKind.PREFILL):
             k = min(g.tokens, r.next_stop - r.planned)
             if k == last or s.new_pages_needed(r, r.planned + k) > budget.free_pages:
@@ -777,8 +778,9 @@ def _every_prefill_chunk(sel, budget):
 @pytest.mark.parametrize("mixed", [False, True], ids=["prefill", "mixed"])
 def test_kept_prefill_candidates_select_what_every_candidate_would(monkeypatch, mixed):
     """Prefill.candidates keeps, of each graph's single-request chunks, the first two and the
-    first of the highest value. Every plan of a run with many prompts waiting (and stale graphs
-    refreshed on credit) selects the same step from them as from every chunk."""
+    first of the highest value, computed over columns. Each kept chunk equals the reference's
+    (rows and value), and every plan of a run with many prompts waiting selects the same step
+    from the kept chunks as from every chunk."""
     from flare.scheduler import policy
     from flare.scheduler.steps import CandidateBudget, prefill
 
@@ -797,6 +799,9 @@ def test_kept_prefill_candidates_select_what_every_candidate_would(monkeypatch, 
         every = _every_prefill_chunk(self, CandidateBudget(by_phase, self.s.num_free_pages))
         single = [cand[0] == GraphKind.PREFILL and len(cand[2]) == 1 for cand in candidates]
         if every:
+            reference = {(cand[1].index, cand[2][0].rid): (cand[2][0], cand[3]) for cand in every}
+            for cand, one in zip(candidates, single):  # each kept chunk is one of them, value for value
+                assert not one or reference[(cand[1].index, cand[2][0].rid)] == (cand[2][0], cand[3])
             at = single.index(True)  # the kept chunks stand where all of them stood
             full = select(self, candidates[:at] + every + [cand for cand, one in zip(candidates[at:], single[at:])
                                                            if not one], decode, now)

@@ -27,13 +27,16 @@ RowExtra = tuple["np.ndarray | None", "Admission | None"]  # (prefill tokens, ad
 
 class CandidateBudget:
     """What one plan()'s candidate kinds share: the requests with nothing in flight, by
-    phase, and the KV pages still free after earlier kinds' rows claimed theirs."""
+    phase, the KV pages still free after earlier kinds' rows claimed theirs, and the
+    prefilling requests' counters as columns (steps/prefill.py, built by the first kind
+    that needs them)."""
 
-    __slots__ = ("by_phase", "free_pages")
+    __slots__ = ("by_phase", "free_pages", "prefill_columns")
 
     def __init__(self, by_phase: "dict[Phase, list[LiveRequest]]", free_pages: int):
         self.by_phase = by_phase
         self.free_pages = free_pages
+        self.prefill_columns = None
 
 
 class StepKind:

@@ -72,7 +72,7 @@ class Mixed(StepKind):
                 decode_ms = min(known) * 1e-6 if known else 0.0
         unit = sel.pol.output_token_value
         order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
-        per_token = {r.rid: sel.prefill_price_per_token(r) for r in order}
+        per_token = prefill.PrefillColumns.of(sel, budget).per_token_of
         out = []
         last_work = -1
         budget = sel.pol.mixed_token_budget if len(decoding) else None

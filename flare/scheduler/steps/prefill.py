@@ -8,9 +8,53 @@ samples the first output token.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...contract import GraphKind
 from ..plan import Phase, PlanRow
 from .base import StepKind
+
+
+class PrefillColumns:
+    """The prefilling requests' counters as columns, in ``budget.by_phase`` order, built once
+    a plan: where each chunk must stop (the next target, else the prompt end), the pages each
+    holds, and each one's token-service price per token.
+
+    The price (Selection.price) is paid per token served: a chunk earns the share of it that
+    its tokens are of the request's largest feasible chunk, ``min(stop - planned,
+    prefill_chunk_size)``. (Paid whole to any chunk, it would make the smallest capacity the
+    best value per millisecond and cut prompts into 64-token steps that each cost a full
+    weight pass.) Computed here in Selection.price's order of operations, so these are the
+    floats it gives."""
+
+    __slots__ = ("requests", "planned", "stop", "prompt_len", "num_pages", "per_token", "per_token_of")
+
+    def __init__(self, sel, requests: list):
+        s, pol = sel.s, sel.pol
+        n = len(requests)
+        self.requests = requests
+        slots = np.fromiter((r.slot for r in requests), np.int64, n)
+        self.planned = s.table.planned[slots]
+        self.prompt_len = np.fromiter((r.prompt_len for r in requests), np.int64, n)
+        self.num_pages = np.fromiter((len(r.pages) for r in requests), np.int64, n)
+        stop = self.prompt_len.copy()
+        for i, r in enumerate(requests):
+            for target in r.targets:  # LiveRequest.next_stop
+                if target > self.planned[i]:
+                    stop[i] = target
+                    break
+        self.stop = stop
+        per = sel.per_prompt_s
+        price = pol.token_fairness * s.table.token_debt[slots] / per if per else np.zeros(n)
+        chunk = s.contract.prefill_chunk_size
+        self.per_token = price / np.maximum(1, np.minimum(stop - self.planned, chunk))
+        self.per_token_of = dict(zip((r.rid for r in requests), self.per_token.tolist()))
+
+    @classmethod
+    def of(cls, sel, budget) -> "PrefillColumns":
+        if budget.prefill_columns is None:
+            budget.prefill_columns = cls(sel, budget.by_phase.get(Phase.PREFILLING, []))
+        return budget.prefill_columns
 
 
 class Prefill(StepKind):
@@ -19,57 +63,68 @@ class Prefill(StepKind):
     phases = (Phase.PREFILLING,)
 
     def candidates(self, sel, budget):
-        s = sel.s
-        unit = sel.pol.output_token_value
-        free_pages = budget.free_pages
-        prefilling = budget.by_phase.get(Phase.PREFILLING, [])
-        # One request's chunks on the same graph differ only in value (the same duration, the
-        # same decoders left waiting), and selection takes the first of the highest score, so
-        # of each graph's chunks only the first of the highest value can win. A funded refresh
-        # of a stale graph takes its first candidate that did not win: the first two stay too.
-        # With hundreds of prompts waiting this keeps a plan's candidates to a few per graph
-        # (tools/bench_host.py at concurrency 256 built about a thousand a plan).
-        kept: dict[int, list] = {}  # graph index -> [first, second, best] as (order, r, k, sample, value)
-        order = 0
-        for r in prefilling:
-            planned = r.planned
-            remaining = r.next_stop - planned
-            per_token = sel.prefill_price_per_token(r)
-            last_tokens = -1
-            for g in s.graphs_of(GraphKind.PREFILL):
-                k = min(g.tokens, remaining)
-                if k == last_tokens:
-                    break  # larger capacities consume the same tokens: dominated
-                last_tokens = k
-                if s.new_pages_needed(r, planned + k) > free_pages:
-                    break
-                sample = planned + k == r.prompt_len
-                entry = (order, r, k, sample, k * (1.0 + per_token) + (unit if sample else 0.0), g)
-                order += 1
-                slots = kept.get(g.index)
-                if slots is None:
-                    kept[g.index] = [entry, None, entry]
-                    continue
-                if slots[1] is None:
-                    slots[1] = entry
-                if entry[4] > slots[2][4]:
-                    slots[2] = entry
-        entries = sorted({e[0]: e for slots in kept.values() for e in slots if e is not None}.values(),
-                         key=lambda e: e[0])
-        out = [(GraphKind.PREFILL, g, [PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1)], value)
-               for _, r, k, sample, value, g in entries]
-        if len(prefilling) > 1:
-            out.extend(self.cohorts(sel, prefilling, free_pages))
+        cols = PrefillColumns.of(sel, budget)
+        out = self.single_chunks(sel, cols, budget.free_pages)
+        if len(cols.requests) > 1:
+            out.extend(self.cohorts(sel, cols, budget.free_pages))
         return out
 
-    def cohorts(self, sel, prefilling, free_pages: int):
+    @staticmethod
+    def single_chunks(sel, cols: PrefillColumns, free_pages: int) -> list:
+        """Each request alone in each one-row PREFILL graph: a chunk up to its next stop. A
+        request's larger capacities consuming the same tokens are dominated, and so is every
+        capacity past one whose new pages are not free.
+
+        One request's chunks on the same graph differ only in value (the same duration, the
+        same decoders left waiting), and selection takes the first of the highest score, so of
+        each graph's chunks only the first of the highest value can win. A funded refresh of a
+        stale graph takes its first candidate that did not win: the first two stay too. With
+        hundreds of prompts waiting this keeps a plan's candidates to a few per graph
+        (tools/bench_host.py at concurrency 256 built about a thousand a plan), and the
+        columns keep the chunks' arithmetic off a loop over requests and graphs."""
+        s, unit = sel.s, sel.pol.output_token_value
+        graphs = s.graphs_of(GraphKind.PREFILL)
+        n = len(cols.requests)
+        if not n or not graphs:
+            return []
+        remaining = cols.stop - cols.planned
+        tokens = np.empty((n, len(graphs)), np.int64)  # [request, graph] chunk sizes
+        valid = np.empty((n, len(graphs)), np.bool_)
+        alive = np.ones(n, np.bool_)
+        last = np.full(n, -1, np.int64)
+        page = s.page_tokens
+        for j, g in enumerate(graphs):
+            k = np.minimum(g.tokens, remaining)
+            alive &= k != last  # larger capacities consume the same tokens: dominated
+            last = k
+            alive &= np.maximum(0, -(-np.maximum(cols.planned + k, 1) // page) - cols.num_pages) <= free_pages
+            tokens[:, j] = k
+            valid[:, j] = alive
+        sample = cols.planned[:, None] + tokens == cols.prompt_len[:, None]
+        value = tokens * (1.0 + cols.per_token[:, None]) + np.where(sample, unit, 0.0)
+        order = (np.cumsum(valid.ravel()) - 1).reshape(valid.shape)  # place in request-major order
+        kept = set()
+        for j in range(len(graphs)):
+            rows = np.flatnonzero(valid[:, j])
+            if rows.size:
+                kept.update((int(order[i, j]), int(i), j) for i in rows[:2])
+                best = int(rows[np.argmax(value[rows, j])])  # the first of the highest value
+                kept.add((int(order[best, j]), best, j))
+        out = []
+        for _, i, j in sorted(kept):
+            r = cols.requests[i]
+            row = PlanRow(r.rid, r.handle, r.epoch, int(cols.planned[i]), int(tokens[i, j]), bool(sample[i, j]), -1)
+            out.append((GraphKind.PREFILL, graphs[j], [row], float(value[i, j])))
+        return out
+
+    def cohorts(self, sel, cols: PrefillColumns, free_pages: int):
         """Cohort prefill candidates: the most indebted requests first, each row consuming
         what the token capacity allows up to its next stop. A batch capacity that a smaller
         one could hold, or a token capacity consuming the same tokens as a smaller one, is
         dominated and skipped."""
         s, unit = sel.s, sel.pol.output_token_value
-        order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
-        per_token = {r.rid: sel.prefill_price_per_token(r) for r in order}
+        order = sorted(cols.requests, key=lambda r: r.token_debt, reverse=True)
+        per_token = cols.per_token_of
         out = []
         last: tuple[int, tuple[int, ...]] | None = None
         for g in s.cohort_prefill_graphs:  # by (batch, tokens)
