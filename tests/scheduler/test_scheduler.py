@@ -780,8 +780,10 @@ def test_kept_prefill_candidates_select_what_every_candidate_would(monkeypatch, 
     """Prefill.candidates keeps, of each graph's single-request chunks, the first two and the
     first of the highest value, computed over columns. Each kept chunk equals the reference's
     (rows and value), and every plan of a run with many prompts waiting selects the same step
-    from the kept chunks as from every chunk."""
+    from the kept chunks as from every chunk. The columns the cohorts and MIXED candidates read
+    hold what the requests' own counters and Selection.price give, in the same order."""
     from flare.scheduler import policy
+    from flare.scheduler.plan import Phase
     from flare.scheduler.steps import CandidateBudget, prefill
 
     c = contract(max_active=16, pages=900, chunk=256, context=2048, mixed=mixed)
@@ -797,6 +799,12 @@ def test_kept_prefill_candidates_select_what_every_candidate_would(monkeypatch, 
             if r.inflight == 0:
                 by_phase.setdefault(r.phase, []).append(r)
         every = _every_prefill_chunk(self, CandidateBudget(by_phase, self.s.num_free_pages))
+        waiting = by_phase.get(Phase.PREFILLING, [])
+        cols = prefill.PrefillColumns(self, waiting)  # what the cohorts and MIXED read, per request
+        chunk = self.s.contract.prefill_chunk_size
+        assert [cols.requests[i] for i in cols.by_debt] == sorted(waiting, key=lambda r: r.token_debt, reverse=True)
+        assert cols.rows == [(r, r.planned, r.next_stop - r.planned, r.prompt_len, len(r.pages),
+                              self.price(r) / max(1, min(r.next_stop - r.planned, chunk))) for r in waiting]
         single = [cand[0] == GraphKind.PREFILL and len(cand[2]) == 1 for cand in candidates]
         if every:
             reference = {(cand[1].index, cand[2][0].rid): (cand[2][0], cand[3]) for cand in every}

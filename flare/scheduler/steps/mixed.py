@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...contract import GraphKind
-from ..plan import MixedRows, Phase, PlanRow
+from ..plan import MixedRows, Phase
 from . import prefill
 from .base import StepKind
 from .decode import Decode
@@ -70,9 +70,8 @@ class Mixed(StepKind):
                 fallback += [cheapest, s.mixed_greedy.get((width, cheapest.tokens), cheapest)]
                 known = [e for e in (s.timing.estimate_ns(g.index) for g in fallback) if e]
                 decode_ms = min(known) * 1e-6 if known else 0.0
-        unit = sel.pol.output_token_value
-        order = sorted(prefilling, key=lambda r: r.token_debt, reverse=True)
-        per_token = prefill.PrefillColumns.of(sel, budget).per_token_of
+        unit, page = sel.pol.output_token_value, s.page_tokens
+        cols = prefill.PrefillColumns.of(sel, budget)  # the most indebted first: cols.by_debt
         out = []
         last_work = -1
         budget = sel.pol.mixed_token_budget if len(decoding) else None
@@ -80,18 +79,17 @@ class Mixed(StepKind):
             if budget is not None and g.tokens > budget and g is not graphs[width][0]:
                 break
             room, pages, rows, value = g.tokens, free_pages, [], 0.0
-            for r in order:
+            for i in cols.by_debt:
                 if room == 0 or len(rows) == g.prefill_rows:
                     break
-                k = min(room, r.next_stop - r.planned)
-                need = s.new_pages_needed(r, r.planned + k)
-                if k <= 0 or need > pages:
+                chunk = cols.chunk(i, room, pages, page, unit)
+                if chunk is None:
                     continue
+                row, row_value, need = chunk
                 pages -= need
-                room -= k
-                sample = r.planned + k == r.prompt_len
-                rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1))
-                value += k * (1.0 + per_token[r.rid]) + (unit if sample else 0.0)
+                room -= row.num_tokens
+                rows.append(row)
+                value += row_value
             work = g.tokens - room
             if not rows or work == last_work:
                 continue  # nothing fits, or a smaller capacity consumes the same tokens

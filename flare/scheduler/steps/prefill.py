@@ -27,7 +27,7 @@ class PrefillColumns:
     weight pass.) Computed here in Selection.price's order of operations, so these are the
     floats it gives."""
 
-    __slots__ = ("requests", "planned", "stop", "prompt_len", "num_pages", "per_token", "per_token_of")
+    __slots__ = ("requests", "planned", "stop", "prompt_len", "num_pages", "per_token", "by_debt", "rows")
 
     def __init__(self, sel, requests: list):
         s, pol = sel.s, sel.pol
@@ -48,7 +48,24 @@ class PrefillColumns:
         price = pol.token_fairness * s.table.token_debt[slots] / per if per else np.zeros(n)
         chunk = s.contract.prefill_chunk_size
         self.per_token = price / np.maximum(1, np.minimum(stop - self.planned, chunk))
-        self.per_token_of = dict(zip((r.rid for r in requests), self.per_token.tolist()))
+        # The most indebted first, ties in by_phase order (as sorted(..., reverse=True) keeps them).
+        self.by_debt: list[int] = np.argsort(-s.table.token_debt[slots], kind="stable").tolist()
+        # Per request, as Python numbers for the loops that build rows one at a time:
+        # (request, planned, tokens to the next stop, prompt length, pages held, price per token)
+        self.rows = list(zip(requests, self.planned.tolist(), (stop - self.planned).tolist(),
+                             self.prompt_len.tolist(), self.num_pages.tolist(), self.per_token.tolist()))
+
+    def chunk(self, i: int, capacity: int, free_pages: int, page_tokens: int, unit: float):
+        """Request i's chunk in ``capacity`` tokens, as a row of a multi-row step: (PlanRow,
+        value, new pages), or None when its new pages are not free."""
+        r, planned, remaining, prompt_len, num_pages, per_token = self.rows[i]
+        k = min(capacity, remaining)
+        need = max(0, -(-max(planned + k, 1) // page_tokens) - num_pages)  # RequestScheduler.new_pages_needed
+        if k <= 0 or need > free_pages:
+            return None
+        sample = planned + k == prompt_len
+        return (PlanRow(r.rid, r.handle, r.epoch, planned, k, sample, -1),
+                k * (1.0 + per_token) + (unit if sample else 0.0), need)
 
     @classmethod
     def of(cls, sel, budget) -> "PrefillColumns":
@@ -122,24 +139,21 @@ class Prefill(StepKind):
         what the token capacity allows up to its next stop. A batch capacity that a smaller
         one could hold, or a token capacity consuming the same tokens as a smaller one, is
         dominated and skipped."""
-        s, unit = sel.s, sel.pol.output_token_value
-        order = sorted(cols.requests, key=lambda r: r.token_debt, reverse=True)
-        per_token = cols.per_token_of
+        s, unit, page = sel.s, sel.pol.output_token_value, sel.s.page_tokens
+        order = cols.by_debt
         out = []
         last: tuple[int, tuple[int, ...]] | None = None
         for g in s.cohort_prefill_graphs:  # by (batch, tokens)
             if len(order) <= g.batch // 2:
                 break  # every larger batch is dominated too
             rows, value, pages = [], 0.0, free_pages
-            for r in order[:g.batch]:
-                k = min(g.tokens, r.next_stop - r.planned)
-                need = s.new_pages_needed(r, r.planned + k)
-                if need > pages:
+            for i in order[:g.batch]:
+                chunk = cols.chunk(i, g.tokens, pages, page, unit)
+                if chunk is None:
                     continue
-                pages -= need
-                sample = r.planned + k == r.prompt_len
-                rows.append(PlanRow(r.rid, r.handle, r.epoch, r.planned, k, sample, -1))
-                value += k * (1.0 + per_token[r.rid]) + (unit if sample else 0.0)
+                rows.append(chunk[0])
+                value += chunk[1]
+                pages -= chunk[2]
             if len(rows) < 2:
                 continue
             work = (g.batch, tuple(row.num_tokens for row in rows))
