@@ -398,9 +398,9 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         # cuBLAS in brackets). M=16, weight as the 64-row side: qkv 73.3 (73.0), o 69.0
         # (57.6), down 81.6 (83.2), gate_up 94.0 (95.3), lm_head 100.4 (96.8); 32-row tiles
         # fall back to mma.sync and lost (41-53 on the narrow shapes). M=64: qkv 67.9
-        # (71.3), o 65.5 (65.2) and down 77.1 (75.0) with x as the 64-row side over 32-row
-        # weight tiles ("dot"), gate_up 87.6 (87.2) and lm_head 93.7 (87.6) with 128-row
-        # weight tiles. Unsplit K everywhere: the epilogues (norm, SiLU-mul, RoPE) need it.
+        # (71.3) with 64-row weight tiles, o 65.5 (65.2) and down 77.1 (75.0) with x as the
+        # 64-row side over 32-row weight tiles ("dot"), gate_up 87.6 (87.2) and lm_head 93.7
+        # (87.6) with 128-row weight tiles. Unsplit K everywhere: the epilogues (norm, SiLU-mul, RoPE) need it.
         # In the step two more stages on the narrow shapes took batch 32 from 6.03 to 5.43 ms
         # and batch 64 from 5.29 to 5.26 (tools/bench_step.py wide_deep), so past 16 rows
         # qkv takes 6 and o and down 7. At M=128 every tile lost to cuBLAS (37-83 against

@@ -27,13 +27,14 @@ class PrefillColumns:
     weight pass.) Computed here in Selection.price's order of operations, so these are the
     floats it gives."""
 
-    __slots__ = ("requests", "planned", "stop", "prompt_len", "num_pages", "per_token", "by_debt", "rows")
+    __slots__ = ("requests", "planned", "remaining", "prompt_len", "num_pages", "per_token", "by_debt", "rows")
 
     def __init__(self, sel, requests: list):
         s, pol = sel.s, sel.pol
         n = len(requests)
         self.requests = requests
         slots = np.fromiter((r.slot for r in requests), np.int64, n)
+        debt = s.table.token_debt[slots]
         self.planned = s.table.planned[slots]
         self.prompt_len = np.fromiter((r.prompt_len for r in requests), np.int64, n)
         self.num_pages = np.fromiter((len(r.pages) for r in requests), np.int64, n)
@@ -43,16 +44,16 @@ class PrefillColumns:
                 if target > self.planned[i]:
                     stop[i] = target
                     break
-        self.stop = stop
+        self.remaining = stop - self.planned  # tokens to the next stop
         per = sel.per_prompt_s
-        price = pol.token_fairness * s.table.token_debt[slots] / per if per else np.zeros(n)
+        price = pol.token_fairness * debt / per if per else np.zeros(n)
         chunk = s.contract.prefill_chunk_size
-        self.per_token = price / np.maximum(1, np.minimum(stop - self.planned, chunk))
+        self.per_token = price / np.maximum(1, np.minimum(self.remaining, chunk))
         # The most indebted first, ties in by_phase order (as sorted(..., reverse=True) keeps them).
-        self.by_debt: list[int] = np.argsort(-s.table.token_debt[slots], kind="stable").tolist()
+        self.by_debt: list[int] = np.argsort(-debt, kind="stable").tolist()
         # Per request, as Python numbers for the loops that build rows one at a time:
         # (request, planned, tokens to the next stop, prompt length, pages held, price per token)
-        self.rows = list(zip(requests, self.planned.tolist(), (stop - self.planned).tolist(),
+        self.rows = list(zip(requests, self.planned.tolist(), self.remaining.tolist(),
                              self.prompt_len.tolist(), self.num_pages.tolist(), self.per_token.tolist()))
 
     def chunk(self, i: int, capacity: int, free_pages: int, page_tokens: int, unit: float):
@@ -104,14 +105,13 @@ class Prefill(StepKind):
         n = len(cols.requests)
         if not n or not graphs:
             return []
-        remaining = cols.stop - cols.planned
         tokens = np.empty((n, len(graphs)), np.int64)  # [request, graph] chunk sizes
         valid = np.empty((n, len(graphs)), np.bool_)
         alive = np.ones(n, np.bool_)
         last = np.full(n, -1, np.int64)
         page = s.page_tokens
         for j, g in enumerate(graphs):
-            k = np.minimum(g.tokens, remaining)
+            k = np.minimum(g.tokens, cols.remaining)
             alive &= k != last  # larger capacities consume the same tokens: dominated
             last = k
             alive &= np.maximum(0, -(-np.maximum(cols.planned + k, 1) // page) - cols.num_pages) <= free_pages
