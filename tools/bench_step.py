@@ -295,6 +295,42 @@ VARIANTS.update({
     "wide_swap_k64_s8": Variant(routed_rows=ALL_WIDE, wide_rows=_tiles(NARROW, mode="swap", block_n=64,
                                                                        block_k=64, num_stages=8), exact=False),
 })
+# The wide launches without programmatic dependent launch (GemvConfig.pdl), and the narrow
+# shapes as 128- or 64-row weight tiles with K split and the last program of each tile
+# reducing (GemvConfig.last_reduces): more programs than output tiles, and an x tile re-read
+# by a quarter (or half) as many programs as with the 32-row tiles.
+EVERY = NARROW + (GATE_UP, LM_HEAD)
+PLAIN = _tiles(EVERY, pdl=False)
+
+
+def _split(block_n: int, block_k: int, stages: int, splits: dict, **extra) -> dict:
+    return {shape: dict(mode="swap", block_n=block_n, block_k=block_k, num_stages=stages, split_k=s,
+                        last_reduces=True, **extra) for shape, s in splits.items()}
+
+
+SPLIT_128 = _split(128, 64, 6, {QKV: 4, O_PROJ: 4, DOWN: 8})
+SPLIT_128_S2 = _split(128, 64, 6, {QKV: 2, O_PROJ: 2, DOWN: 4})
+SPLIT_64 = _split(64, 128, 6, {QKV: 2, O_PROJ: 2, DOWN: 4})
+
+
+def _merge(*overrides: dict) -> dict:
+    out: dict = {}
+    for o in overrides:
+        for shape, cfg in o.items():
+            out[shape] = {**out.get(shape, {}), **cfg}
+    return out
+
+
+VARIANTS.update({
+    "wide_plain": Variant(routed_rows=ALL_WIDE, wide_rows=PLAIN, exact=False),
+    "wide_split128": Variant(routed_rows=ALL_WIDE, wide_rows=SPLIT_128, exact=False),
+    "wide_split128_plain": Variant(routed_rows=ALL_WIDE, wide_rows=_merge(PLAIN, SPLIT_128), exact=False),
+    "wide_split128_s2": Variant(routed_rows=ALL_WIDE, wide_rows=SPLIT_128_S2, exact=False),
+    "wide_split64": Variant(routed_rows=ALL_WIDE, wide_rows=SPLIT_64, exact=False),
+    "wide_split64_plain": Variant(routed_rows=ALL_WIDE, wide_rows=_merge(PLAIN, SPLIT_64), exact=False),
+    "wide_split128_gu2": Variant(routed_rows=ALL_WIDE, wide_rows=_merge(SPLIT_128, _split(128, 64, 6, {GATE_UP: 2})),
+                                 exact=False),
+})
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
 

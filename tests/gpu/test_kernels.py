@@ -469,11 +469,23 @@ def test_gemv_chain_in_graph(pdl, monkeypatch):
 
 
 
-@pytest.mark.parametrize("m", [1, 4])
-def test_fused_norms_and_residual_adds_in_graph(m):
+# Wide rows with K split and the last program of each tile reducing (GemvConfig.last_reduces):
+# the fused epilogues on a split product, the ticket counters shared by the launches of a graph.
+SPLIT_TILES = {(HIDDEN, HIDDEN): {"mode": "swap", "block_n": 128, "block_k": 64, "num_stages": 6, "split_k": 4,
+                                  "last_reduces": True},
+               (HIDDEN, INTER): {"mode": "swap", "block_n": 128, "block_k": 64, "num_stages": 6, "split_k": 8,
+                                 "last_reduces": True, "pdl": False},
+               (2 * INTER, HIDDEN): {"split_k": 2, "last_reduces": True},
+               (VOCAB, HIDDEN): {"split_k": 2, "last_reduces": True}}
+
+
+@pytest.mark.parametrize("m, tiles", [(1, {}), (4, {}), (64, SPLIT_TILES)], ids=["1", "4", "64-split"])
+def test_fused_norms_and_residual_adds_in_graph(m, tiles, monkeypatch):
     """One decoder layer's small-batch chain with the residual adds in the o and down GEMVs
     and the norms inside the next GEMVs (linear_add_rms_norm -> NormedRows), in a graph,
     replayed on new inputs: within bf16 rounding of the torch composite."""
+    monkeypatch.setattr(gemv, "WIDE_ROW_OVERRIDES", tiles)
+    monkeypatch.setattr(gemv, "ROUTED_ROWS", ((1, 64),))
     gen = torch.Generator(device=DEV).manual_seed(40 + m)
 
     def weight(n, k):
@@ -503,3 +515,4 @@ def test_fused_norms_and_residual_adds_in_graph(m):
         for label, got, want in (("hidden", out_h, want_h), ("logits", out_logits, want_logits)):
             err = float((got.float() - want.float()).norm() / want.float().norm())
             assert err <= 1e-2, f"fused norms M={m} replay {replay} {label}: relative L2 error {err:.2e}"
+    assert all(int(t.abs().sum()) == 0 for t in gemv._TICKETS.values()), "split tickets left set"

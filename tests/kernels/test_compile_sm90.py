@@ -173,6 +173,19 @@ def test_gemv_kernels_compile_for_sm90(launches):
     kernels.linear_qkv_rope_small_m(wide, _bf16(48 * 128, 4096), None, 32, table, table,
                                     torch.zeros(64, 1, dtype=torch.int64), torch.zeros(64, 1, dtype=torch.int64),
                                     pool, pool.clone())
+    # Split K with the last program of each tile reducing and running every epilogue, and a
+    # wide launch without PDL.
+    for cfg in (GemvConfig(block_n=128, block_k=64, split_k=4, mode="swap", last_reduces=True),
+                GemvConfig(block_n=32, block_k=128, split_k=2, mode="dot", last_reduces=True, pdl=False)):
+        normed = kernels.linear_add_rms_norm_small_m(_bf16(64, 1, 4096), w, _bf16(64, 1, 4096, seed=3),
+                                                     _bf16(4096, seed=4), 1e-5, config=cfg)
+        kernels.linear_silu_small_m(normed, gate_up, config=cfg)
+        kernels.linear_small_m(normed, w, config=cfg, out_dtype=torch.float32)
+        kernels.linear_qkv_rope_small_m(normed, _bf16(48 * 128, 4096), None, 32, table, table,
+                                        torch.zeros(64, 1, dtype=torch.int64), torch.zeros(64, 1, dtype=torch.int64),
+                                        pool, pool.clone(), config=replace(cfg, block_n=64))
+    kernels.linear_small_m(_bf16(1, 4096), w, config=GemvConfig(block_n=8, block_k=1024, split_k=2, mode="fma",
+                                                                 last_reduces=True))
     names = _compile_all(launches)
     assert {"_linear_small_m_kernel", "_sum_splits_kernel"} <= set(names), names
 

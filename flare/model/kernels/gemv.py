@@ -113,6 +113,14 @@ class GemvConfig:
     # more programs fit an SM: qkv with k_fold 8 at two warps compiles to 75 registers
     # under a cap of 80 without spilling, 12 programs an SM, its 1,536 in one wave.
     max_registers: int = 0
+    # With split_k > 1: the last program of each output tile to finish (an atomic ticket)
+    # sums the splits' partials and runs the epilogue, so the fused epilogues (norm, SiLU-mul,
+    # RoPE, residual) take a split K and no second kernel runs. Otherwise a sum kernel adds
+    # the partials (the plain product only).
+    last_reduces: bool = False
+    # Whether the launch uses programmatic dependent launch where the device has it (a
+    # wide-row launch may run plain: the next kernels' early programs compete for its SMs).
+    pdl: bool = True
 
 
 @triton.jit
@@ -201,11 +209,11 @@ def _rope_epilogue(result, pid_n, offs_m, m_ok, q_ptr, k_pool_ptr, v_pool_ptr, s
 
 @triton.jit
 def _linear_small_m_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, sq_ptr, res_ptr, next_norm_ptr, scaled_ptr, sq_out_ptr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, ticket_ptr, sq_ptr, res_ptr, next_norm_ptr, scaled_ptr, sq_out_ptr,
     cos_ptr, sin_ptr, pos_ptr, widx_ptr, k_pool_ptr, v_pool_ptr,
     M, N, K, s_xm, s_wn, s_om, s_cos, s_sin, num_heads, num_kv, num_parts, eps,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK_P: tl.constexpr,
-    SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+    SPLIT_K: tl.constexpr, LAST_REDUCES: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
     PRELOAD: tl.constexpr, FOLD: tl.constexpr,
@@ -216,9 +224,13 @@ def _linear_small_m_kernel(
     # ADD_NORM (PLAIN): stores h = res + x @ w.T, rounded as the torch sum rounds (res_ptr
     # rows have out's stride), and prepares the RMSNorm of h with weight next_norm_ptr
     # for the next GEMV: h * weight at scaled_ptr (out's layout) and the program's sum of
-    # h^2 at sq_out_ptr[m, pid_n]. NORM (needs SPLIT_K == 1): x is such a scaled h; the
-    # program sums the num_parts partial squares at sq_ptr[m, :] and scales its product
-    # by 1 / rms(h) (eps).
+    # h^2 at sq_out_ptr[m, pid_n]. NORM: x is such a scaled h; the program sums the
+    # num_parts partial squares at sq_ptr[m, :] and scales its product by 1 / rms(h) (eps).
+    # SPLIT_K > 1: each program stores its fp32 partial; LAST_REDUCES: into part_ptr
+    # [SPLIT_K, programs, BLOCK_M, BLOCK_N], and the last of a tile's programs to take a
+    # ticket (ticket_ptr[pid_n], left at 0 for the next launch) sums them in split order
+    # (the same result whichever finishes last) and runs the epilogue; otherwise into
+    # part_ptr [SPLIT_K, M, N] for _sum_splits_kernel (PLAIN, no NORM).
     start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -279,16 +291,23 @@ def _linear_small_m_kernel(
         if PRELOAD == 2:
             acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE, FOLD)
             first += BLOCK_K
-    if EPILOGUE == _ROPE:  # after the wait: the step's own torch ops wrote these
+    # The epilogue's inputs (0.0 where it takes none), after the wait and before the loop,
+    # so their latency hides under the weight stream.
+    if EPILOGUE == _ROPE:  # the step's own torch ops wrote these
         slot, c1, c2, s1, s2 = _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
                                             BLOCK_N, HALF)
-    # After the wait and before the loop, so their latency hides under the weight stream.
+    else:
+        slot, c1, c2, s1, s2 = 0.0, 0.0, 0.0, 0.0, 0.0
     if ADD_NORM:
         res = tl.load(res_ptr + offs_m[:, None] * s_om + w_index[None, :], mask=m_ok[:, None] & n_ok[None, :],
                       other=0.0)
         next_norm = tl.load(next_norm_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    else:
+        res, next_norm = 0.0, 0.0
     if NORM:
         inv_rms = libdevice.rsqrt(tl.sum(squares, axis=1) / K + eps)  # [BLOCK_M]
+    else:
+        inv_rms = 0.0
     for k in range(first, k_stop, BLOCK_K):
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
@@ -299,13 +318,41 @@ def _linear_small_m_kernel(
         result = acc
     else:
         result = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
-    if NORM:
-        result = result * inv_rms[:, None]
-
-    if SPLIT_K > 1:
+    if SPLIT_K == 1:
+        _epilogue(result, inv_rms, res, next_norm, slot, c1, c2, s1, s2, pid_n, offs_m, m_ok, w_index, n_ok,
+                  x_ptr, bias_ptr, out_ptr, scaled_ptr, sq_out_ptr, k_pool_ptr, v_pool_ptr, s_om, N, num_heads, num_kv,
+                  HAS_BIAS, NORM, ADD_NORM, EPILOGUE, BLOCK_M, BLOCK_N, HALF)
+    elif LAST_REDUCES:
+        step = tl.num_programs(0) * BLOCK_M * BLOCK_N
+        tile = part_ptr + (pid_n * BLOCK_M + offs_m[:, None]) * BLOCK_N + lane[None, :]  # split 0's
+        tl.store(tile + split * step, result)
+        # Every thread's partial is stored before the ticket releases them to the last program.
+        tl.debug_barrier()
+        if tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            tl.atomic_xchg(ticket_ptr + pid_n, 0)  # the next launch's tickets start from 0
+            # In split order, its own partial from registers (the value it stored).
+            total = tl.zeros_like(result)
+            for other in tl.static_range(SPLIT_K):
+                theirs = tl.load(tile + other * step, mask=(offs_m < BLOCK_M)[:, None] & (other != split),
+                                 other=0.0, cache_modifier=".cg")
+                total += tl.where(other == split, result, theirs)
+            _epilogue(total, inv_rms, res, next_norm, slot, c1, c2, s1, s2, pid_n, offs_m, m_ok, w_index, n_ok,
+                      x_ptr, bias_ptr, out_ptr, scaled_ptr, sq_out_ptr, k_pool_ptr, v_pool_ptr, s_om, N, num_heads,
+                      num_kv, HAS_BIAS, NORM, ADD_NORM, EPILOGUE, BLOCK_M, BLOCK_N, HALF)
+    else:  # _sum_splits_kernel adds the partials
         tl.store(part_ptr + (split * M + offs_m[:, None]) * N + w_index[None, :], result,
                  mask=m_ok[:, None] & n_ok[None, :])
-    elif EPILOGUE == _ROPE:
+
+
+@triton.jit
+def _epilogue(result, inv_rms, res, next_norm, slot, c1, c2, s1, s2, pid_n, offs_m, m_ok, w_index, n_ok,
+              x_ptr, bias_ptr, out_ptr, scaled_ptr, sq_out_ptr, k_pool_ptr, v_pool_ptr, s_om, N, num_heads, num_kv,
+              HAS_BIAS: tl.constexpr, NORM: tl.constexpr, ADD_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+    """The GEMV's output for one tile's whole-K product ``result`` [BLOCK_M, BLOCK_N] (fp32)."""
+    if NORM:
+        result = result * inv_rms[:, None]
+    if EPILOGUE == _ROPE:
         if HAS_BIAS:
             result += tl.load(bias_ptr + w_index, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         _rope_epilogue(result, pid_n, offs_m, m_ok, out_ptr, k_pool_ptr, v_pool_ptr, slot, c1, c2, s1, s2,
@@ -428,7 +475,7 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
     # Small models' narrow layers: split K until the grid covers half the SMs (a quarter with
     # wide rows, where Llama-3-8B's o and down keep K whole for their epilogues: 64 programs
     # of 64 x 128 tiles at M=16 measured 69.0 and 81.6% unsplit).
-    split_k = 1
+    split_k = cfg.split_k  # an override may set it
     target = sms // 2 if m <= 8 else sms // 4
     while triton.cdiv(n, cfg.block_n) * split_k < target and k >= 4 * cfg.block_k * split_k and split_k < 8:
         split_k *= 2
@@ -529,7 +576,7 @@ def linear_add_rms_norm_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, r
     out_shape = (*_rows(x).shape[:-1], n)
     problem = _add_norm_problem(out_shape, rows.dtype, residual, weight)
     require(problem is None, kernel, problem or "")
-    require(cfg.split_k == 1, kernel, f"needs an unsplit K, got {cfg}")
+    require(_whole_k(cfg), kernel, f"needs an unsplit K or last_reduces, got {cfg}")
     require_same_device(kernel, x=rows, residual=residual, weight=weight)
     h = torch.empty(out_shape, dtype=rows.dtype, device=rows.device)
     scaled = torch.empty_like(h)
@@ -550,8 +597,8 @@ def linear_silu_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, *,
     kernel = "linear_silu_small_m"
     rows, cfg, norm = _prepare(kernel, x, w, None, config, EPILOGUE_GLU)
     inter = w.shape[0] // 2
-    require(w.shape[0] % 2 == 0 and cfg.split_k == 1 and cfg.block_n % 2 == 0, kernel,
-            f"needs a [2I, K] weight, an even block_n and no K split, got {tuple(w.shape)} and {cfg}")
+    require(w.shape[0] % 2 == 0 and _whole_k(cfg) and cfg.block_n % 2 == 0, kernel,
+            f"needs a [2I, K] weight, an even block_n and no K split (or last_reduces), got {tuple(w.shape)} and {cfg}")
     out = torch.empty((rows.shape[0], inter), dtype=rows.dtype, device=rows.device)
     _launch(rows, w, None, out, cfg, epilogue=EPILOGUE_GLU, outputs=inter, norm=norm)
     return out.view(*_rows(x).shape[:-1], inter)
@@ -564,7 +611,7 @@ def fuses_qkv_rope(x: torch.Tensor, w: torch.Tensor, head_dim: int, config: Gemv
     if not 1 <= m <= MAX_ROWS or x.dtype != torch.bfloat16:
         return False
     cfg = config or default_config(m, *w.shape, x.device, EPILOGUE_ROPE)
-    return cfg.split_k == 1 and cfg.block_n % 2 == 0 and head_dim % 2 == 0 and (head_dim // 2) % (cfg.block_n // 2) == 0
+    return _whole_k(cfg) and cfg.block_n % 2 == 0 and head_dim % 2 == 0 and (head_dim // 2) % (cfg.block_n // 2) == 0
 
 
 def linear_qkv_rope_small_m(x: torch.Tensor | NormedRows, w: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
@@ -621,12 +668,30 @@ def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
             kernel, f"k_fold must be 1, 2, 4 or 8 (more than 1 only in mode 'fma') and divide block_k, got {cfg}")
     if not isinstance(x, NormedRows):
         return rows, cfg, None
-    require(cfg.split_k == 1, kernel, f"a fused norm needs an unsplit K, got {cfg}")
+    require(_whole_k(cfg), kernel, f"a fused norm needs an unsplit K or last_reduces, got {cfg}")
     require(x.squares.dim() == 2 and x.squares.shape[0] == m and x.squares.dtype == torch.float32
             and x.squares.is_contiguous(), kernel,
             f"the norm's partial squares must be contiguous float32 [{m}, P], got {tuple(x.squares.shape)}")
     require_same_device(kernel, x=rows, squares=x.squares)
     return rows, cfg, (x.squares, x.eps)
+
+
+# Ticket counters of the launches whose last program reduces the splits, one per output tile,
+# per device: zero between launches (each tile's last program resets its own), so launches in
+# one stream share them. Allocated outside graph capture (the warm-up runs each launch first).
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device, programs: int) -> torch.Tensor:
+    tickets = _TICKETS.get(device)
+    if tickets is None or tickets.numel() < programs:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        require(not capturing, "linear_small_m",
+                f"split-K ticket counters for {programs} tiles must exist before graph capture (run the launch "
+                "once outside it)")
+        tickets = torch.zeros(max(programs, 4096), dtype=torch.int32, device=device)
+        _TICKETS[device] = tickets
+    return tickets
 
 
 def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig, *,
@@ -639,25 +704,32 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
     """
     m, k = rows.shape
     n = outputs
-    part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=rows.device) if cfg.split_k > 1 else out
     bias_arg = bias if bias is not None else out
     block_m = 1 if cfg.mode == "fma" else max(16, next_power_of_2(m))
     per_program = cfg.block_n // 2 if epilogue == EPILOGUE_GLU else cfg.block_n
+    programs = triton.cdiv(n, per_program)
+    reduces = cfg.split_k > 1 and cfg.last_reduces
+    if reduces:
+        part = torch.empty((cfg.split_k, programs, block_m, cfg.block_n), dtype=torch.float32, device=rows.device)
+        tickets = _tickets(rows.device, programs)
+    else:
+        part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=rows.device) if cfg.split_k > 1 else out
+        tickets = out
     if rope is not None:
         cos, sin, pos, widx, k_pool, v_pool, num_heads, num_kv, half = rope
         rope_args = (cos, sin, pos, widx, k_pool, v_pool)
         rope_scalars = (cos.stride(0), sin.stride(0), num_heads, num_kv)
     else:
         rope_args, rope_scalars, half = (out,) * 6, (0, 0, 0, 0), 1
-    pdl = pdl_level(rows)
+    pdl = pdl_level(rows) if cfg.pdl else 0
     squares, eps = norm if norm is not None else (out, 0.0)
     num_parts = squares.shape[1] if norm is not None else 1
     add_norm_args = add_norm if add_norm is not None else (out,) * 4
-    _linear_small_m_kernel[(triton.cdiv(n, per_program), cfg.split_k)](
-        rows, w, bias_arg, out, part, squares, *add_norm_args, *rope_args,
+    _linear_small_m_kernel[(programs, cfg.split_k)](
+        rows, w, bias_arg, out, part, tickets, squares, *add_norm_args, *rope_args,
         m, n, k, rows.stride(0), w.stride(0), out.stride(0) if out.dim() == 2 else 0, *rope_scalars, num_parts,
         float(eps), HAS_BIAS=bias is not None, NORM=norm is not None, ADD_NORM=add_norm is not None,
-        BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, MODE=_MODES[cfg.mode],
+        BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, LAST_REDUCES=reduces, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
         PDL=pdl, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -665,7 +737,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         # RoPE rounds each product before its sum: no multiply-add contraction there.
         **({"enable_fp_fusion": False} if epilogue == EPILOGUE_ROPE else {}), **pdl_options(pdl),
     )
-    if cfg.split_k > 1:
+    if cfg.split_k > 1 and not reduces:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](
             part, bias_arg, out, m, n, out.stride(0),
@@ -693,7 +765,12 @@ def _routes_small_m(x: torch.Tensor, w: torch.Tensor) -> bool:
 def _unsplit(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the default launch of this small-batch product keeps K whole (the fused
     norm, the GLU and the residual need it)."""
-    return default_config(x.numel() // x.shape[-1], *w.shape, x.device).split_k == 1
+    return _whole_k(default_config(x.numel() // x.shape[-1], *w.shape, x.device))
+
+
+def _whole_k(cfg: GemvConfig) -> bool:
+    """Whether a launch's epilogue sees each tile's whole-K product (the fused epilogues need it)."""
+    return cfg.split_k == 1 or cfg.last_reduces
 
 
 def _input(x: torch.Tensor | NormedRows, w: torch.Tensor) -> torch.Tensor | NormedRows:
