@@ -14,12 +14,12 @@ from flare.model import decoder, layers
 from flare.model.kernels import (
     GemvConfig,
     KernelInputError,
+    gemv,
     linear_add_rms_norm_small_m,
     linear_qkv_rope_small_m,
     linear_silu_small_m,
     linear_small_m,
 )
-from flare.model.kernels import gemv
 
 EPS = 1e-5
 
