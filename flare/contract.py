@@ -239,8 +239,10 @@ class PreparedContract:
             for t in base.prefill_capacities:
                 if b * t <= base.prefill_chunk_size:
                     add(GraphKind.PREFILL, b, t)
-        # INITIALIZE marks one request's prompt tokens (step.prompt), so it runs per request.
-        add(GraphKind.INITIALIZE, 1)
+        # INITIALIZE resets its rows' penalty state and marks the prompt tokens (step.prompt) of
+        # its first row only: a burst of admissions takes one step, not one each.
+        for b in base.batch_capacities:
+            add(GraphKind.INITIALIZE, b)
         for kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.RESUME):
             for b in base.batch_capacities:
                 add(kind, b)

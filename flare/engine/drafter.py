@@ -151,12 +151,18 @@ class DraftProposer(Proposer):
             return result
         depth = min(MAX_DEPTH, max(depths[i] for i in todo))
         rows = []
+        # The least recently drafted first: when the pool cannot hold every row, it may take the
+        # pages of a row of this round not yet prepared, so requests that always arrive together
+        # draft in turn instead of the first one in slot order drafting alone.
+        todo.sort(key=lambda i: self.last_used[reqs[i].slot] if self.owner[reqs[i].slot] == reqs[i].rid else 0)
+        prepared: set[int] = set()
         for i in todo:
             history = np.concatenate([np.asarray(reqs[i].prompt, np.int64),
                                       np.asarray(outs[i][:num_outs[i]], np.int64)])
-            row = self._prepare(reqs[i], history, depth, {reqs[j].slot for j in todo})
+            row = self._prepare(reqs[i], history, depth, prepared)
             if row is not None:
                 rows.append((i, *row))
+                prepared.add(reqs[i].slot)
         if not rows:
             return result
         try:

@@ -201,11 +201,17 @@ def pack_step(inputs: Inputs, step) -> list[Upload]:
     kind = plan.kind
     cols = plan.cols
     if kind != GraphKind.DECODE:
+        first = None
         for slot, generation, (_, admission) in zip(cols.slots, cols.generations, step.extras):
             if admission is not None:
                 inputs.admit_slot(int(slot), generation=int(generation), position=admission.position,
                                   seed=admission.seed, params=admission.params, generated=admission.generated)
-                inputs.set_prompt(admission.penalty_prompt, admission.penalty_outputs)
+                if first is None:
+                    first = admission
+                elif admission.penalty_prompt is not None or admission.penalty_outputs is not None:
+                    raise ValueError("an INITIALIZE step marks the penalty tokens of its first row only")
+        if first is not None:  # the marks of the first row, or none (a step's buffers persist)
+            inputs.set_prompt(first.penalty_prompt, first.penalty_outputs)
     for upload in step.page_uploads:
         inputs.set_pages(upload.slot, upload.first, upload.pages)
     if kind == GraphKind.MIXED:

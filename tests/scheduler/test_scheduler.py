@@ -825,3 +825,22 @@ def test_kept_prefill_candidates_select_what_every_candidate_would(monkeypatch, 
     d.run()
     assert all(d.ended[rid].reason == "length" for rid in rids)
     assert compared[0] > 10 and pruned_away[0] > 0, (compared, pruned_away)
+
+
+def test_a_burst_of_admissions_initializes_in_one_step_until_a_request_with_marks():
+    """INITIALIZE takes the newly admitted requests together, up to the largest batch; its program
+    marks the penalty tokens of its first row only, so a request with marks opens the next step."""
+    sched, ex, d, _ = make(max_active=8, pages=300)
+    penalised = SamplingParams(max_tokens=4, temperature=0.0, repetition_penalty=1.2)
+    rids = [sched.submit(prompt(tokens(i, 20)), penalised if i in (3, 5) else params(4), i) for i in range(8)]
+    d.run()
+    inits = [s for s in d.steps if s.plan.kind == GraphKind.INITIALIZE]
+    assert [[r.rid for r in s.plan.rows] for s in inits] == [rids[:3], rids[3:5], rids[5:]]
+    assert [s.plan.batch for s in inits] == [sched.graph_for(GraphKind.INITIALIZE, n).batch for n in (3, 2, 3)]
+    # the marks travel with the first row of a step, and no other row has any
+    for s in inits:
+        admissions = [a for _, a in s.extras]
+        assert all(a.penalty_prompt is None for a in admissions[1:])
+    assert inits[1].extras[0][1].penalty_prompt is not None and inits[2].extras[0][1].penalty_prompt is not None
+    assert all(len(d.tokens[r]) == 4 for r in rids)
+    assert d.tokens[rids[0]] == alone(tokens(0, 20), 4)

@@ -7,20 +7,38 @@ from ..plan import Admission, Phase, PlanRow
 from .base import StepKind
 
 
+def marks_prompt(req) -> bool:
+    """Whether the request's INITIALIZE marks tokens for the penalties (step.prompt): its prompt
+    for a repetition penalty, or a continuation's earlier outputs for any penalty."""
+    p = req.params
+    return p.repetition_penalty != 1.0 or (req.base_outputs is not None
+                                           and bool(p.presence_penalty or p.frequency_penalty))
+
+
 class Initialize(StepKind):
     kind = GraphKind.INITIALIZE
     name = "initialize"
     phases = (Phase.INITIALIZING,)
 
     def candidates(self, sel, budget):
+        # One step takes the newly admitted requests in arrival order, up to the largest
+        # batch, as long as their pages fit. The program marks the prompt tokens of its first
+        # row only, so a request with marks opens a step and the next one with marks waits
+        # for the following step.
         s = sel.s
-        out = []
-        for r in budget.by_phase.get(Phase.INITIALIZING, ())[:1]:  # it marks one request's prompt
-            if s.new_pages_needed(r, len(r.pages) * s.page_tokens) <= budget.free_pages:
-                rows = [PlanRow(r.rid, r.handle, r.epoch, 0, 0, False, -1)]
-                out.append((GraphKind.INITIALIZE, s.graph_for(GraphKind.INITIALIZE, 1), rows,
-                            sel.pol.output_token_value + sel.price(r)))
-        return out
+        rows, value, pages = [], 0.0, 0
+        for r in budget.by_phase.get(Phase.INITIALIZING, ())[:s.contract.max_batch]:
+            if rows and marks_prompt(r):
+                break
+            need = s.new_pages_needed(r, len(r.pages) * s.page_tokens)
+            if pages + need > budget.free_pages:
+                break
+            pages += need
+            rows.append(PlanRow(r.rid, r.handle, r.epoch, 0, 0, False, -1))
+            value += sel.pol.output_token_value + sel.price(r)
+        if not rows:
+            return []
+        return [(GraphKind.INITIALIZE, s.graph_for(GraphKind.INITIALIZE, len(rows)), rows, value)]
 
     def mapped_positions(self, view, row, req):
         return len(req.pages) * view.page_tokens
