@@ -280,8 +280,10 @@ VARIANTS.update({
     "mr_gate_up_bn32": Variant(multi_row=_tiles((GATE_UP,), block_n=32, block_k=256, num_stages=5), exact=False),
 })
 # Decode batches of 9..64 rows through the GEMV kernel (its tensor-core tiles and the fused
-# epilogues) or through cuBLAS and the elementwise kernels (gemv.ROUTED_ROWS: the kernel from 33
-# rows); "wide_shallow" with two stages fewer on the narrow shapes, as first measured.
+# epilogues) or through cuBLAS and the elementwise kernels ("cublas_wide"; gemv.ROUTED_ROWS
+# sends every row count up to 64 to the kernel). The variants below override the defaults
+# (gemv.default_config), which changed since some were measured: up to 32 rows the narrow
+# shapes split K with the last program reducing, past 32 every wide launch runs plain.
 ALL_WIDE, ONLY_EIGHT = ((1, 64),), ((1, 8),)
 SHALLOW = {QKV: {"num_stages": 4}, O_PROJ: {"num_stages": 5}, DOWN: {"num_stages": 5}}
 VARIANTS.update({
@@ -328,6 +330,9 @@ VARIANTS.update({
     "wide_split128_s2": Variant(routed_rows=ALL_WIDE, wide_rows=SPLIT_128_S2, exact=False),
     "wide_split64": Variant(routed_rows=ALL_WIDE, wide_rows=SPLIT_64, exact=False),
     "wide_split64_plain": Variant(routed_rows=ALL_WIDE, wide_rows=_merge(PLAIN, SPLIT_64), exact=False),
+    # against the defaults (narrow shapes split up to 32 rows, wide launches plain past 32)
+    "wide_pdl": Variant(routed_rows=ALL_WIDE, wide_rows=_tiles(EVERY, pdl=True), exact=False),
+    "wide_all_plain": Variant(routed_rows=ALL_WIDE, wide_rows=PLAIN, exact=False),
     "wide_split128_gu2": Variant(routed_rows=ALL_WIDE, wide_rows=_merge(SPLIT_128, _split(128, 64, 6, {GATE_UP: 2})),
                                  exact=False),
 })

@@ -215,8 +215,11 @@ def test_linear_selector():
     w = torch.randn(1024, 4096, generator=gen, device=DEV).bfloat16()
     x = torch.randn(1, 8, 4096, generator=gen, device=DEV).bfloat16()
     assert torch.equal(linear(x, w), linear_small_m(x, w)), "linear: M=8 must route to linear_small_m"
+    x = torch.randn(128, 4096, generator=gen, device=DEV).bfloat16()
+    assert not gemv.routes_rows(128) and torch.equal(linear(x, w), F.linear(x, w)), \
+        "linear: M=128 must go to F.linear"
     x = torch.randn(16, 4096, generator=gen, device=DEV).bfloat16()
-    assert not gemv.routes_rows(16) and torch.equal(linear(x, w), F.linear(x, w)), "linear: M=16 must go to F.linear"
+    assert torch.equal(linear(x, w), linear_small_m(x, w)), "linear: M=16 must route to linear_small_m"
     x = torch.randn(1, 64, 4096, generator=gen, device=DEV).bfloat16()
     assert torch.equal(linear(x, w), linear_small_m(x, w)), "linear: M=64 must route to linear_small_m"
 

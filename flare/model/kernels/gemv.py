@@ -59,13 +59,13 @@ from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rop
 
 # Rows one launch takes (a tensor-core tile of up to 128 x rows), and the row counts the
 # selectors (:func:`linear` and the others) send here rather than to cuBLAS, as inclusive
-# ranges. tools/bench_step.py --curve, H200, 2026-12-03, two calls each, ms a step against
-# cuBLAS with the elementwise kernels: batch 64 5.255-5.265 against 5.518-5.522 (the wide
-# tiles below); batch 32 5.429-5.440 against 5.110-5.111, batch 16 5.131 against 4.901, so
-# 9..32 rows stay on cuBLAS. (With programmatic dependent launch off for the whole step,
-# batch 32 read 4.961-4.970: the early-launched next kernels hurt these tiles there.)
+# ranges. tools/bench_step.py --curve, H200, 2026-12-03, ms a step against cuBLAS with the
+# elementwise kernels: batch 64 5.255-5.265 against 5.518-5.522 (two calls), then 5.099
+# against 5.445 with the wide launches plain; batch 32 4.821 against 5.043 and batch 16
+# 4.504 against 4.836 once the narrow shapes split K with the last program reducing
+# (default_config). Unsplit, 9..32 rows had lost to cuBLAS (5.43 against 5.11 at 32).
 MAX_ROWS = 128
-ROUTED_ROWS: tuple[tuple[int, int], ...] = ((1, 8), (33, 64))
+ROUTED_ROWS: tuple[tuple[int, int], ...] = ((1, 64),)
 
 
 def routes_rows(m: int) -> bool:
@@ -452,8 +452,22 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         # and batch 64 from 5.29 to 5.26 (tools/bench_step.py wide_deep), so past 16 rows
         # qkv takes 6 and o and down 7. At M=128 every tile lost to cuBLAS (37-83 against
         # 57-87 per call).
+        # Up to 32 rows the narrow shapes (qkv, o, down) take 128-row weight tiles with K split
+        # in two (four from K = 8,192) and the last program of each tile reducing, so the
+        # epilogues stay fused: more programs than output tiles, and x re-read by a quarter as
+        # many programs as with 32-row tiles (tools/bench_step.py --curve, H200, 2026-12-03,
+        # one call: batch 16 4.504 ms a step against 4.836 with cuBLAS and 5.128 unsplit,
+        # batch 32 4.821 against 5.043 and 5.389). At 64 rows the split lost (5.46-6.35
+        # against 5.15: each tile's reduction reads 32 KB a split), and every wide launch runs
+        # without programmatic dependent launch: 5.099 against 5.146 ms (the next kernels'
+        # early programs, waiting on the SMs, slow these large-shared-memory tiles; batch 32
+        # 4.896 against 5.389 unsplit).
         wide = n >= 16384  # gate/up and the vocabulary: output tiles for every SM
-        if m <= 16:
+        if m <= 32 and not wide:
+            splits = 4 if k >= 8192 else 2
+            cfg = GemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=6, mode="swap",
+                             split_k=splits if k >= 4 * 64 * splits else 1, last_reduces=True)
+        elif m <= 16:
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4 if wide else 5, mode="swap")
         elif wide:
             cfg = GemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=6, mode="swap")
@@ -461,6 +475,8 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
             cfg = GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=7, mode="dot")
         else:  # qkv
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6, mode="swap")
+        if m > 32:
+            cfg = replace(cfg, pdl=False)
         if m > 64:  # 128-row x tiles: three stages fit the shared memory
             cfg = replace(cfg, num_stages=3)
         cfg = replace(cfg, **WIDE_ROW_OVERRIDES.get((n, k), {}))

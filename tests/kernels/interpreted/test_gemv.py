@@ -69,6 +69,16 @@ def test_default_config_for_llama3_8b_shapes():
     assert (rope.k_fold, rope.max_registers, rope.num_warps) == (8, gemv.ROPE_MAX_REGISTERS, 2), rope
     assert (default_config(1, 6144, 4096, cpu).k_fold, default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).k_fold,
             default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).max_registers) == (1, 1, 0)
+    # Wide rows: up to 32 the narrow shapes split K (four ways from K = 8,192) with the last
+    # program reducing, so the epilogues stay fused; past 32 no split and no PDL.
+    for m in (9, 16, 32):
+        for n, k, splits in ((6144, 4096, 2), (4096, 4096, 2), (4096, 14336, 4)):
+            cfg = default_config(m, n, k, cpu)
+            assert (cfg.block_n, cfg.split_k, cfg.last_reduces, cfg.pdl) == (128, splits, True, True), (m, n, cfg)
+        assert default_config(m, 28672, 4096, cpu).split_k == 1
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+        cfg = default_config(64, n, k, cpu)
+        assert cfg.split_k == 1 and not cfg.pdl, cfg
     # A small model's narrow layer splits K so the grid still covers the GPU.
     narrow = default_config(2, 896, 4864, cpu)
     assert narrow.split_k > 1 and -(-896 // narrow.block_n) * narrow.split_k >= 132 // 2, narrow
@@ -85,10 +95,10 @@ def test_default_config_runs():
 def test_selector_routes_only_small_batches_on_cuda():
     cuda = torch.device("cuda")
     assert prefers_small_m(1, 4096, 4096, torch.bfloat16, cuda)
-    # 1..8 rows and 33..64 (batch 64's wide tiles); 9..32 and past 64 lost to cuBLAS in the step
-    assert [m for m in range(1, MAX_ROWS + 2) if routes_rows(m)] == [*range(1, 9), *range(33, 65)], ROUTED_ROWS
+    # 1..64 rows (9..64 in the wide tiles); past 64 the tiles lost to cuBLAS call for call
+    assert [m for m in range(1, MAX_ROWS + 2) if routes_rows(m)] == [*range(1, 65)], ROUTED_ROWS
     assert prefers_small_m(64, 4096, 4096, torch.bfloat16, cuda)
-    assert not prefers_small_m(16, 4096, 4096, torch.bfloat16, cuda)
+    assert prefers_small_m(16, 4096, 4096, torch.bfloat16, cuda)
     assert not prefers_small_m(65, 4096, 4096, torch.bfloat16, cuda)
     assert not prefers_small_m(1, 4096, 4096, torch.float32, cuda)
     assert not prefers_small_m(1, 4096, 4096, torch.bfloat16, torch.device("cpu"))

@@ -167,8 +167,8 @@ def test_selectors_take_normed_rows_or_materialise_them(small_m_on_cpu):
     assert gemv.default_config(1, 16, 4096, h.device).split_k > 1
     assert _rel_err(linear(normed, narrow), F.linear(want_in, narrow.double())) <= 1e-2
     # More rows than the GEMV takes: the product, then one add+norm kernel.
-    assert not gemv.routes_rows(12)
-    many_x, _, many_res, _ = _sublayer(12, 4096, torch.bfloat16, seed=39)
+    assert not gemv.routes_rows(gemv.MAX_ROWS)
+    many_x, _, many_res, _ = _sublayer(gemv.MAX_ROWS, 4096, torch.bfloat16, seed=39)
     y, h = linear_add_rms_norm(many_x, w, many_res, g, EPS)
     assert isinstance(y, torch.Tensor) and torch.equal(h, many_res + F.linear(many_x, w))
     torch.testing.assert_close(y, layers.rms_norm(h, g, EPS), rtol=1e-2, atol=1e-2)
