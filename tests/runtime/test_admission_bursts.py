@@ -8,8 +8,6 @@ exactly what each samples alone, penalties included.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -17,9 +15,10 @@ import torch
 from flare.config import EngineConfig
 from flare.contract import GraphKind
 from flare.engine.model import NativeModel
-from flare.request import ErrorEvent, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent
+from flare.request import FinishEvent, SamplingParams, TokenEvent
 from tests.model.harness import Harness, save_tiny
 from tests.model.test_parity_tiny import _make, _prompt
+from tests.runtime.bursts import submit_all
 
 PENALISED = dict(temperature=0.9, top_p=0.95, presence_penalty=0.3, frequency_penalty=0.4, repetition_penalty=1.3)
 
@@ -58,21 +57,8 @@ def _serve(core, specs) -> tuple[list[list[int]], int]:
     """Submit every spec at once; -> each request's tokens and the INITIALIZE launches."""
     model = NativeModel.load(core, EngineConfig(device="cpu", max_active=8))
     try:
-        runs = []
-        for prompt, params in specs:
-            events, done = [], threading.Event()
-
-            def sink(event, events=events, done=done):
-                events.append(event)
-                if isinstance(event, (FinishEvent, ErrorEvent)):
-                    done.set()
-
-            model.submit(PreparedPrompt(prompt.astype(np.int32)), params, sink)
-            runs.append((events, done))
-        for _, done in runs:
-            assert done.wait(300)
         out = []
-        for events, _ in runs:
+        for events in submit_all(model, specs):
             assert isinstance(events[-1], FinishEvent), events[-1]
             out.append([t for e in events if isinstance(e, TokenEvent) for t in e.token_ids])
         return out, model.runtime.stats().launches.get("initialize", 0)

@@ -10,17 +10,15 @@ and the penalty counts where the preempted request left them.
 
 from __future__ import annotations
 
-import threading
-
-import numpy as np
 import pytest
 
 from flare.config import EngineConfig, PolicyConfig
 from flare.engine.model import NativeModel
 from flare.model.attention import KVCache
-from flare.request import ErrorEvent, FinishEvent, PreparedPrompt, SamplingParams, TokenEvent
+from flare.request import FinishEvent, SamplingParams, TokenEvent
 from tests.model.harness import Harness, save_tiny
 from tests.model.test_parity_tiny import _make, _prompt
+from tests.runtime.bursts import submit_all
 
 SAMPLED = dict(temperature=0.9, top_p=0.95, presence_penalty=0.3, frequency_penalty=0.4, repetition_penalty=1.1)
 
@@ -41,22 +39,10 @@ def _run(core, kv_pages: int | None, specs) -> tuple[list[list[int]], dict]:
                           policy=PolicyConfig(output_page_lookahead=64))
     model = NativeModel.load(core, config)
     try:
-        results = []
-        for prompt, params in specs:
-            events, done = [], threading.Event()
-
-            def sink(event, events=events, done=done):
-                events.append(event)
-                if isinstance(event, (FinishEvent, ErrorEvent)):
-                    done.set()
-
-            model.submit(PreparedPrompt(prompt.astype(np.int32)), params, sink)
-            results.append((events, done))
-        for _, done in results:
-            assert done.wait(300)
+        results = submit_all(model, specs)
         stats = model.runtime.stats()
         out = []
-        for events, _ in results:
+        for events in results:
             assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length", events[-1]
             out.append([t for e in events if isinstance(e, TokenEvent) for t in e.token_ids])
         return out, {"preempted": stats.requests_preempted, "restored": stats.preempted_restored,

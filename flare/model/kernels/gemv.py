@@ -16,8 +16,10 @@ slices of K. Three inner products are available (:class:`GemvConfig`.mode):
 - ``"dot"``: ``x[16, BK] @ w[BN, BK].T`` on the tensor cores, x padded to 16 rows.
 - ``"swap"``: ``w[BN, BK] @ x[16, BK].T``, the weight as the wide operand.
 
-With ``split_k > 1`` each slice writes fp32 partials and a second kernel sums them
-(deterministic, no atomics). Under programmatic dependent launch (``_common``) a
+With ``split_k > 1`` each slice writes fp32 partials; either the last program of each
+output tile to finish (an atomic ticket) adds them in split order and runs the epilogue
+(``GemvConfig.last_reduces``, the decode default up to 32 rows), or a second kernel sums
+them (the plain product only). Both are deterministic. Under programmatic dependent launch (``_common``) a
 program loads its first weight tile before waiting on the previous kernel.
 
 Epilogues: the plain product (optionally stored as float32, for the logits), the
