@@ -77,7 +77,7 @@ def graph_us(calls: list, repeats: int = 15) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream (the GEMV's split tickets are per stream)
         for fn in calls:
             fn()
     us = replay_ms(graph, runs=repeats) * 1000.0 / len(calls)

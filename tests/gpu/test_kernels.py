@@ -518,4 +518,4 @@ def test_fused_norms_and_residual_adds_in_graph(m, tiles, monkeypatch):
         for label, got, want in (("hidden", out_h, want_h), ("logits", out_logits, want_logits)):
             err = float((got.float() - want.float()).norm() / want.float().norm())
             assert err <= 1e-2, f"fused norms M={m} replay {replay} {label}: relative L2 error {err:.2e}"
-    assert all(int(t.abs().sum()) == 0 for t in gemv._TICKETS.values()), "split tickets left set"
+    assert all(int(t.abs().sum()) == 0 for t in gemv.ticket_counters()), "split tickets left set"

@@ -694,21 +694,30 @@ def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
     return rows, cfg, (x.squares, x.eps)
 
 
-# Ticket counters of the launches whose last program reduces the splits, one per output tile,
-# per device: zero between launches (each tile's last program resets its own), so launches in
-# one stream share them. Allocated outside graph capture (the warm-up runs each launch first).
-_TICKETS: dict[torch.device, torch.Tensor] = {}
+# Ticket counters of the launches whose last program reduces the splits, one per output tile:
+# zero between launches (each tile's last program resets its own), so the launches of one
+# stream share them. One buffer per device and stream (the stream is kept, so its handle is
+# never another's): a drafter's graphs, captured on their own stream and replayed beside the
+# target's, never take the target's tickets. Allocated outside graph capture (the warm-up
+# runs each launch on the capture stream first).
+_TICKETS: dict[tuple, tuple[object, torch.Tensor]] = {}
+
+
+def ticket_counters() -> list[torch.Tensor]:
+    """Every ticket buffer (tests check that launches leave them at zero)."""
+    return [tickets for _, tickets in _TICKETS.values()]
 
 
 def _tickets(device: torch.device, programs: int) -> torch.Tensor:
-    tickets = _TICKETS.get(device)
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    key = (device, stream.cuda_stream if stream is not None else 0)
+    _, tickets = _TICKETS.get(key, (None, None))
     if tickets is None or tickets.numel() < programs:
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        require(not capturing, "linear_small_m",
+        require(stream is None or not torch.cuda.is_current_stream_capturing(), "linear_small_m",
                 f"split-K ticket counters for {programs} tiles must exist before graph capture (run the launch "
-                "once outside it)")
+                "once on the capture stream outside it)")
         tickets = torch.zeros(max(programs, 4096), dtype=torch.int32, device=device)
-        _TICKETS[device] = tickets
+        _TICKETS[key] = (stream, tickets)
     return tickets
 
 

@@ -33,7 +33,7 @@ def _split(cfg: GemvConfig, splits: int) -> GemvConfig:
 
 
 def _tickets_clear() -> bool:
-    return all(int(t.abs().sum()) == 0 for t in gemv._TICKETS.values())
+    return all(int(t.abs().sum()) == 0 for t in gemv.ticket_counters())
 
 
 WHOLE = [GemvConfig(block_n=16, block_k=64, mode="swap"), GemvConfig(block_n=32, block_k=32, mode="dot"),
