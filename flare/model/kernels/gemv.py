@@ -335,8 +335,8 @@ def _linear_small_m_kernel(
             # In split order, its own partial from registers (the value it stored).
             total = tl.zeros_like(result)
             for other in tl.static_range(SPLIT_K):
-                theirs = tl.load(tile + other * step, mask=(offs_m < BLOCK_M)[:, None] & (other != split),
-                                 other=0.0, cache_modifier=".cg")
+                theirs = tl.load(tile + other * step, mask=m_ok[:, None] & (other != split), other=0.0,
+                                 cache_modifier=".cg")
                 total += tl.where(other == split, result, theirs)
             _epilogue(total, inv_rms, res, next_norm, slot, c1, c2, s1, s2, pid_n, offs_m, m_ok, w_index, n_ok,
                       x_ptr, bias_ptr, out_ptr, scaled_ptr, sq_out_ptr, k_pool_ptr, v_pool_ptr, s_om, N, num_heads,
@@ -466,9 +466,9 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         # 4.896 against 5.389 unsplit).
         wide = n >= 16384  # gate/up and the vocabulary: output tiles for every SM
         if m <= 32 and not wide:
-            splits = 4 if k >= 8192 else 2
-            cfg = GemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=6, mode="swap",
-                             split_k=splits if k >= 4 * 64 * splits else 1, last_reduces=True)
+            splits, block_k = (4 if k >= 8192 else 2), 64
+            cfg = GemvConfig(block_n=128, block_k=block_k, num_warps=4, num_stages=6, mode="swap",
+                             split_k=splits if k >= 4 * block_k * splits else 1, last_reduces=True)
         elif m <= 16:
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4 if wide else 5, mode="swap")
         elif wide:
@@ -790,8 +790,9 @@ def _routes_small_m(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _unsplit(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the default launch of this small-batch product keeps K whole (the fused
-    norm, the GLU and the residual need it)."""
+    """Whether the default launch of this small-batch product gives its epilogue the whole-K
+    product (unsplit, or split with the last program reducing: the fused norm, the GLU and
+    the residual need it)."""
     return _whole_k(default_config(x.numel() // x.shape[-1], *w.shape, x.device))
 
 
