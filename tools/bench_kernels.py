@@ -382,7 +382,13 @@ def sweep_configs(m: int) -> list[GemvConfig]:
         # operand (64 and 128 rows feed the Hopper warpgroup product) or as the narrow one
         # ("dot": x is the 64-row operand); split K for the narrow shapes' few programs.
         dot = lambda bn, bk, st, **kw: GemvConfig(block_n=bn, block_k=bk, num_stages=st, mode="dot", **kw)  # noqa: E731
-        configs = [swap(64, 128, st) for st in (3, 4, 5)] + [swap(128, 64, st) for st in (4, 6)]
+        # First (a budget cut keeps them), shapes for the waves: fewer stages or narrower
+        # tiles so two or more programs share an SM, a grid of many small tiles (gate/up's 224
+        # 128-row tiles at one a multiprocessor leave 40 of 132 idle in their second wave).
+        configs = [swap(128, 64, 3), swap(64, 64, 4), swap(64, 64, 6), dot(32, 64, 4), dot(32, 64, 6),
+                   dot(16, 128, 4), dot(16, 256, 3), swap(128, 64, 6, num_warps=8), swap(256, 64, 4),
+                   swap(128, 128, 2)]
+        configs += [swap(64, 128, st) for st in (3, 4, 5)] + [swap(128, 64, st) for st in (4, 6)]
         configs += [swap(128, 128, 3), swap(128, 128, 4, num_warps=8), swap(64, 256, 3), swap(32, 256, 4)]
         configs += [swap(64, 128, 4, split_k=2), swap(32, 256, 4, split_k=2), swap(64, 128, 4, split_k=4)]
         configs += [dot(64, 128, 4), dot(32, 128, 5), dot(128, 64, 4), dot(64, 128, 4, split_k=2)]

@@ -53,6 +53,22 @@ def test_ties_resolve_to_the_lowest_token_id_across_blocks():
     assert greedy_tokens(*args).tolist() == [2100, 17] == reference.greedy_tokens(*args).tolist()
 
 
+def test_counts_move_only_penalized_rows():
+    """A row without penalties ignores its counts (the kernel skips reading them); a penalized
+    row's counts move its choice."""
+    _, sampling, out_counts, prompt_counts, slot_token = _state(6)
+    out_counts.zero_()
+    prompt_counts.zero_()
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 4100] = 3.0  # the best token of both rows, seen in both slots' outputs
+    logits[:, 7] = 2.9
+    out_counts[[0, 5], 4100] = 4
+    prompt_counts[[0, 5], 4100] = 1
+    args = (logits, sampling, out_counts, prompt_counts, torch.tensor([0, 5]), torch.tensor([True, True]), slot_token)
+    # slot 0 has no penalties: 4100 stays; slot 5 (repetition 0.9, frequency 0.25) drops it
+    assert greedy_tokens(*args).tolist() == [4100, 7] == reference.greedy_tokens(*args).tolist()
+
+
 def test_bad_inputs_raise_typed_errors():
     _, sampling, out_counts, prompt_counts, slot_token = _state(5)
     slots, do_sample = torch.tensor([0]), torch.tensor([True])
