@@ -356,6 +356,16 @@ VARIANTS.update({
     "w_od_dot16": Variant(wide_rows=OD_DOT16, exact=False),
     "w_combo": Variant(wide_rows=_merge(GU_S3, QKV_DOT32, OD_DOT16), exact=False),
 })
+# Decode attention at batch 9 and up: a minimum of steps (64-key pages) a context split, so a
+# short row runs in fewer of the launch's static splits; with the last split merging (no merge
+# kernel), a row within one split writes its output directly.
+VARIANTS.update({
+    "ms2": Variant(attention={"min_split_steps": 2}, exact=False),
+    "ms4": Variant(attention={"min_split_steps": 4}, exact=False),
+    "ms4_mik": Variant(attention={"min_split_steps": 4, "merge_in_kernel": True}, exact=False),
+    "ms8_mik": Variant(attention={"min_split_steps": 8, "merge_in_kernel": True}, exact=False),
+    "mik": Variant(attention={"merge_in_kernel": True}, exact=False),
+})
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
 

@@ -272,6 +272,27 @@ def test_decode_merge_in_kernel_graph_replay(b):
         check_attention(f"merge in kernel B={b} replay {step}", out, case)
 
 
+@pytest.mark.parametrize("merge_in_kernel", [False, True], ids=["merge_kernel", "merge_in_kernel"])
+@pytest.mark.parametrize("b", [16, 64])
+def test_decode_min_split_steps_graph_replay(b, merge_in_kernel):
+    """A minimum of steps a split (AttentionLaunch.min_split_steps) on one captured graph as
+    the rows' lengths change: short rows take one split, long rows all of them."""
+    lens = [4000 + 50 * i for i in range(b)]
+    case = build_case(kv_lens=lens, q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
+                      dtype=torch.bfloat16, device=DEV, seed=13, spare_pages=64 * b)
+    launch = replace(DECODE_LAUNCH, min_split_steps=4, merge_in_kernel=merge_in_kernel)
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    assert choose_num_splits(b, HKV, 1, PMAX, DEV) > 1, "the case must split the context"
+    graph, out = capture(lambda: paged_decode_attention(*args, launch=launch))
+    for step, new_lens in enumerate([[8000 - 100 * i for i in range(b)], [65 + i for i in range(b)], lens]):
+        _refill_case(case, new_lens, seed=50 + step)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_attention(f"min 4 steps a split B={b} replay {step}", out, case)
+        if step == 1:  # every row within one split: the unsplit kernel's output
+            assert torch.equal(out, paged_decode_attention(*args, num_splits=1))
+
+
 @triton.jit
 def _late_writer_kernel(k_ptr, v_ptr, rows_ptr, k_src_ptr, v_src_ptr, busy_ptr, num_busy, row_width,
                         BLOCK: tl.constexpr):

@@ -80,7 +80,7 @@ NEG_BIG = tl.constexpr(-1.0e30)
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
     positions_ptr, page_table_ptr, kv_lens_ptr, q_start_ptr, q_len_ptr, block_row_ptr, block_idx_ptr,
-    qk_scale, batch_size, num_queries, num_heads, max_pages, num_pool_pages,
+    qk_scale, batch_size, num_queries, num_heads, max_pages, num_pool_pages, min_steps,
     s_qb, s_qq, s_qh,
     s_ob, s_oq, s_oh,
     s_kp, s_kt, s_kh,
@@ -138,7 +138,8 @@ def _paged_attention_kernel(
     limit = tl.where(row_ok, tl.maximum(limit, 0), 0)  # [BLOCK_M]
     # Keys are visited BLOCK_N = PAGE * PAGES_PER_STEP at a time.
     num_steps = tl.cdiv(tl.max(limit, axis=0), BLOCK_N)
-    steps_per_split = tl.cdiv(num_steps, NUM_SPLITS)
+    # At least min_steps a split: a short row takes fewer splits (the rest have no keys).
+    steps_per_split = tl.maximum(tl.cdiv(num_steps, NUM_SPLITS), min_steps)
     first = split * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
 
@@ -368,6 +369,11 @@ class AttentionLaunch:
     # metadata and each split's first K/V step before the PDL wait, so they load while
     # the qkv GEMV finishes (paged_decode_attention).
     preload: bool = True
+    # Decode grids whose (row, kv head) programs alone cover at least half the SMs (batch
+    # 9 and up of the Llama-3-8B heads): each split takes at least this many steps, so a
+    # row shorter than splits x steps runs in fewer splits, the others finding no keys.
+    # The split count stays static (graph capture); only the row's length decides.
+    min_split_steps: int = 1
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -436,6 +442,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     pos, table = batch.positions, batch.page_table
     pdl = pdl_level(q)
     programs = num_blocks * b * hkv * num_splits
+    min_steps = launch.min_split_steps if nq == 1 and 2 * num_blocks * b * hkv >= sm_count(q.device) else 1
+    require(min_steps >= 1, kernel, f"min_split_steps must be at least 1, got {launch.min_split_steps}")
     # Only a row's own key may land after the preload; a verification row's earlier positions
     # in the round are written by this step too (AttentionBatch.keys_this_step).
     preload = launch.preload and nq == 1 and batch.keys_this_step == 1 \
@@ -443,7 +451,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
         q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out,
         pos, table, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens,
-        float(scale) * LOG2_E, b, nq, h, max_pages, num_pages,
+        float(scale) * LOG2_E, b, nq, h, max_pages, num_pages, min_steps,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
@@ -585,7 +593,7 @@ def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
     _paged_attention_kernel[(block_row.shape[0], hkv, 1)](
         q, k_pool, v_pool, out, out, out, out,
         rows.positions, rows.page_table, rows.kv_lens, rows.q_start, rows.q_len, block_row, block_idx,
-        float(scale) * LOG2_E, r, p, h, rows.page_table.shape[1], num_pages,
+        float(scale) * LOG2_E, r, p, h, rows.page_table.shape[1], num_pages, 1,
         0, q.stride(0), q.stride(1),
         0, out.stride(0), out.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),

@@ -472,7 +472,13 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         elif m <= 16:
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4 if wide else 5, mode="swap")
         elif wide:
-            cfg = GemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=6, mode="swap")
+            # The gate/up product (its SiLU-mul epilogue) over three stages: 224 programs of
+            # 147 KB took one an SM, 92 in a second wave beside 40 idle multiprocessors; at
+            # 73 KB the grid is resident at once. tools/bench_step.py (w_gu_s3), H200, one
+            # call: batch 64 5.031 ms a step against 5.101, batch 32 4.763 against 4.819
+            # (tools/bench_kernels.py --sweep-rows 64: 89.7% of the copy ceiling against 88.8).
+            stages = 3 if epilogue == EPILOGUE_GLU else 6
+            cfg = GemvConfig(block_n=128, block_k=64, num_warps=4, num_stages=stages, mode="swap")
         elif n <= 4096:  # o and down
             cfg = GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=7, mode="dot")
         else:  # qkv

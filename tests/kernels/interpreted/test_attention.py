@@ -66,6 +66,31 @@ def test_decode_merge_in_kernel_matches_the_merge_kernel(num_splits):
     assert all(int(t.abs().sum()) == 0 for held in _COUNTERS.values() for t in held), "counters must return to zero"
 
 
+@pytest.mark.parametrize("merge_in_kernel", [False, True], ids=["merge_kernel", "merge_in_kernel"])
+@pytest.mark.parametrize("min_steps", [2, 4])
+def test_decode_min_split_steps(monkeypatch, min_steps, merge_in_kernel):
+    """With a minimum of steps a split, short rows run in fewer splits than the launch has
+    (the rest find no keys) and long rows in all of them; either merge gives the reference.
+    Applied only to grids covering half the SMs: here 2 of them."""
+    from dataclasses import replace
+
+    from flare.model.kernels import DECODE_LAUNCH, attention
+
+    monkeypatch.setattr(attention, "sm_count", lambda device: 2)
+    case = build_case(kv_lens=[1, 0, 64, 65, 190, 600], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
+                      max_pages=10, dtype=torch.bfloat16, seed=6, padding_rows=(1,))
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, merge_in_kernel=merge_in_kernel)
+    got = paged_decode_attention(*args, num_splits=4, launch=launch)
+    check_attention(f"paged_decode_attention (min {min_steps} steps a split)", got, case)
+    # A row no longer than one split's minimum runs in one split: what the unsplit kernel gives.
+    unsplit = paged_decode_attention(*args, num_splits=1)
+    short = [0, 2] if min_steps == 2 else [0, 2, 3, 4]
+    assert torch.equal(got[short], unsplit[short])
+    with pytest.raises(KernelInputError, match="min_split_steps"):
+        paged_decode_attention(*args, num_splits=4, launch=replace(launch, min_split_steps=0))
+
+
 @pytest.mark.parametrize("pages_per_step", [1, 2])
 def test_decode_preload_matches_the_plain_kernel(pages_per_step):
     """The decode kernel with each split's first step loaded before its wait (and the new
