@@ -349,7 +349,7 @@ GU_S3 = _wide("swap", 128, 64, 3, GATE_UP)
 QKV_DOT32 = _wide("dot", 32, 64, 6, QKV)
 OD_DOT16 = _wide("dot", 16, 128, 4, O_PROJ, DOWN)
 VARIANTS.update({
-    "w_gu_s3": Variant(wide_rows=GU_S3, exact=False),
+    "w_gu_s3": Variant(wide_rows=GU_S3, exact=False),  # the default since (gemv.default_config)
     "w_gu_64x64s4": Variant(wide_rows=_wide("swap", 64, 64, 4, GATE_UP), exact=False),
     "w_qkv_dot32k64": Variant(wide_rows=QKV_DOT32, exact=False),
     "w_qkv_dot16": Variant(wide_rows=_wide("dot", 16, 128, 4, QKV), exact=False),

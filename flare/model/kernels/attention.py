@@ -372,7 +372,9 @@ class AttentionLaunch:
     # Decode grids whose (row, kv head) programs alone cover at least half the SMs (batch
     # 9 and up of the Llama-3-8B heads): each split takes at least this many steps, so a
     # row shorter than splits x steps runs in fewer splits, the others finding no keys.
-    # The split count stays static (graph capture); only the row's length decides.
+    # The split count stays static (graph capture); only the row's length decides. Off: with
+    # the last split merging it won at 192 cached keys (batch 32 4.752 against 4.850 ms a
+    # step) and lost at 1,024 (batch 64 6.976 against 6.822; TUNING.md, "Context splits").
     min_split_steps: int = 1
 
 
