@@ -253,21 +253,27 @@ def test_attention_graph_replay(b, q_len):
         check_attention(f"paged_attention replay {step}", out, case)
 
 
+def _split_replays(b: int, launch, seed: int):
+    """One captured decode-attention graph under ``launch`` over a split context, replayed as
+    the rows' lengths change (long, short, back): yields (replay, out, args, case) after each."""
+    lens = [4000 + 50 * i for i in range(b)]
+    case = build_case(kv_lens=lens, q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
+                      dtype=torch.bfloat16, device=DEV, seed=seed, spare_pages=64 * b)
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    assert choose_num_splits(b, HKV, 1, PMAX, DEV) > 1, "the case must split the context"
+    graph, out = capture(lambda: paged_decode_attention(*args, launch=launch))
+    for step, new_lens in enumerate([[8000 - 100 * i for i in range(b)], [65 + i for i in range(b)], lens]):
+        _refill_case(case, new_lens, seed=seed + 30 + step)
+        graph.replay()
+        torch.cuda.synchronize()
+        yield step, out, args, case
+
+
 @pytest.mark.parametrize("b", [1, 8, 64])
 def test_decode_merge_in_kernel_graph_replay(b):
     """The context-split merge done by the last split (counters, fence, acq_rel count) gives
     the merge kernel's output bit for bit on every replay of one graph, as lengths change."""
-    lens = [4000 + 50 * i for i in range(b)]
-    case = build_case(kv_lens=lens, q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
-                      dtype=torch.bfloat16, device=DEV, seed=12, spare_pages=64 * b)
-    merge = replace(DECODE_LAUNCH, merge_in_kernel=True)
-    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
-    assert choose_num_splits(b, HKV, 1, PMAX, DEV) > 1, "the case must split the context"
-    graph, out = capture(lambda: paged_decode_attention(*args, launch=merge))
-    for step, new_lens in enumerate([[8000 - 100 * i for i in range(b)], [65 + i for i in range(b)], lens]):
-        _refill_case(case, new_lens, seed=40 + step)
-        graph.replay()
-        torch.cuda.synchronize()
+    for step, out, args, case in _split_replays(b, replace(DECODE_LAUNCH, merge_in_kernel=True), seed=12):
         assert torch.equal(out, paged_decode_attention(*args)), f"B={b} replay {step}: differs from the merge kernel"
         check_attention(f"merge in kernel B={b} replay {step}", out, case)
 
@@ -277,17 +283,8 @@ def test_decode_merge_in_kernel_graph_replay(b):
 def test_decode_min_split_steps_graph_replay(b, merge_in_kernel):
     """A minimum of steps a split (AttentionLaunch.min_split_steps) on one captured graph as
     the rows' lengths change: short rows take one split, long rows all of them."""
-    lens = [4000 + 50 * i for i in range(b)]
-    case = build_case(kv_lens=lens, q_len=1, num_heads=H, num_kv_heads=HKV, head_dim=D, max_pages=PMAX,
-                      dtype=torch.bfloat16, device=DEV, seed=13, spare_pages=64 * b)
     launch = replace(DECODE_LAUNCH, min_split_steps=4, merge_in_kernel=merge_in_kernel)
-    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
-    assert choose_num_splits(b, HKV, 1, PMAX, DEV) > 1, "the case must split the context"
-    graph, out = capture(lambda: paged_decode_attention(*args, launch=launch))
-    for step, new_lens in enumerate([[8000 - 100 * i for i in range(b)], [65 + i for i in range(b)], lens]):
-        _refill_case(case, new_lens, seed=50 + step)
-        graph.replay()
-        torch.cuda.synchronize()
+    for step, out, args, case in _split_replays(b, launch, seed=13):
         check_attention(f"min 4 steps a split B={b} replay {step}", out, case)
         if step == 1:  # every row within one split: the unsplit kernel's output
             assert torch.equal(out, paged_decode_attention(*args, num_splits=1))
