@@ -444,8 +444,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     pos, table = batch.positions, batch.page_table
     pdl = pdl_level(q)
     programs = num_blocks * b * hkv * num_splits
+    require(launch.min_split_steps >= 1, kernel, f"min_split_steps must be at least 1, got {launch.min_split_steps}")
     min_steps = launch.min_split_steps if nq == 1 and 2 * num_blocks * b * hkv >= sm_count(q.device) else 1
-    require(min_steps >= 1, kernel, f"min_split_steps must be at least 1, got {launch.min_split_steps}")
     # Only a row's own key may land after the preload; a verification row's earlier positions
     # in the round are written by this step too (AttentionBatch.keys_this_step).
     preload = launch.preload and nq == 1 and batch.keys_this_step == 1 \
