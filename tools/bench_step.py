@@ -425,10 +425,11 @@ def curve(decoder: Decoder, batches: list[int], args) -> int:
     print(f"{args.shape}, {args.cached} cached keys a row: read ceiling {read_bps / 1e9:,.0f} GB/s over "
           f"{weights / 1e9:.2f} GB (copy {COPY_CEILING_BPS / 1e9:,.0f})", flush=True)
     rows = []
+    variants = args.variants.split(",")
     for b in batches:
         step = Step(decoder, b, args.cached, args.context // PAGE_TOKENS)
         floor = step.bytes / read_bps * 1e3
-        for name in args.variants.split(","):
+        for name in variants:
             apply_variant(name, decoder)
             try:
                 graph, _ = capture(step)
@@ -442,7 +443,7 @@ def curve(decoder: Decoder, batches: list[int], args) -> int:
             rows.append(row)
             print(f"  batch {b:>3} {name:>16}: {ms:.3f} ms/step, floor {floor:.3f} ms ({row['vs_read_floor']:.3f}x "
                   f"read, {row['vs_copy_floor']:.3f}x copy), {row['tok_s']:,.0f} tok/s", flush=True)
-            if args.profile and b in args.profile_batches and name == args.variants.split(",")[0]:
+            if args.profile and b in args.profile_batches and name == variants[0]:
                 for kname, exposed, dur, n in profile(graph, args.out):
                     print(f"     {exposed:9.1f} {dur:9.1f} {n:4d}  {kname}")
             del graph
