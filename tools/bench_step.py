@@ -107,12 +107,15 @@ def capture(step: Step) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch
     return graph, outputs
 
 
-def profile(graph: torch.cuda.CUDAGraph, out: Path | None, replays: int = 5) -> list[tuple[str, float, float, int]]:
-    """Kernels of ``replays`` replays by name: (name, exposed us, device us, launches), per replay.
+def profile(graph: torch.cuda.CUDAGraph, out: Path | None,
+            replays: int = 5) -> list[tuple[str, float, float, int, float]]:
+    """Kernels of ``replays`` replays by name: (name, exposed us, device us, launches, idle us), per replay.
 
     Kernels may overlap under PDL, so each one's own duration (device us) overstates
     its cost; its exposed time is how far it moved the latest end seen so far, in start
     order: what the step would lose without it, and the exposed times add up to the step.
+    Idle us is the part of the exposed time before the kernel started, when no kernel ran:
+    the launch boundary's cost (between replays excluded).
     Batch-1 GEMVs are told apart by their place in the layer (qkv, o, gate_up, down).
     """
     from torch.profiler import DeviceType, ProfilerActivity
@@ -129,16 +132,19 @@ def profile(graph: torch.cuda.CUDAGraph, out: Path | None, replays: int = 5) -> 
              for i, e in enumerate(gemvs)}
     sums: dict[str, list[float]] = {}
     latest = None
-    for e in events:
+    per_replay = len(events) // replays
+    for index, e in enumerate(events):
         name = f"gemv {roles[id(e)]}" if id(e) in roles else e.name
         exposed = e.time_range.end - latest if latest is not None else e.time_range.elapsed_us()
+        idle = e.time_range.start - latest if latest is not None else 0.0
         latest = e.time_range.end if latest is None else max(latest, e.time_range.end)
-        row = sums.setdefault(name, [0.0, 0.0, 0])
+        row = sums.setdefault(name, [0.0, 0.0, 0, 0.0])
         row[0] += max(0.0, exposed)
         row[1] += e.time_range.elapsed_us()
         row[2] += 1
-    rows = sorted(((name, exp / replays, dur / replays, n // replays) for name, (exp, dur, n) in sums.items()),
-                  key=lambda r: -r[1])
+        row[3] += max(0.0, idle) if index % per_replay else 0.0  # a replay's first kernel: between replays
+    rows = sorted(((name, exp / replays, dur / replays, n // replays, idle / replays)
+                   for name, (exp, dur, n, idle) in sums.items()), key=lambda r: -r[1])
     if out is not None:
         (out / "bench_step_profile.json").write_text(json.dumps(rows, indent=1))
     return rows
@@ -283,7 +289,8 @@ VARIANTS.update({
 # epilogues) or through cuBLAS and the elementwise kernels ("cublas_wide"; gemv.ROUTED_ROWS
 # sends every row count up to 64 to the kernel). The variants below override the defaults
 # (gemv.default_config), which changed since some were measured: up to 32 rows the narrow
-# shapes split K with the last program reducing, past 32 every wide launch runs plain.
+# shapes split K with the last program reducing; every wide launch now lets the next kernel
+# start after its K loop, with nothing loaded before its wait (w_pdl_late_p0).
 ALL_WIDE, ONLY_EIGHT = ((1, 64),), ((1, 8),)
 SHALLOW = {QKV: {"num_stages": 4}, O_PROJ: {"num_stages": 5}, DOWN: {"num_stages": 5}}
 VARIANTS.update({
@@ -366,6 +373,28 @@ VARIANTS.update({
     "ms8_mik": Variant(attention={"min_split_steps": 8, "merge_in_kernel": True}, exact=False),
     "mik": Variant(attention={"merge_in_kernel": True}, exact=False),
 })
+# Where the wide launches let the next kernel start (GemvConfig.trigger_after_loop) and what
+# they load before their wait (GemvConfig.preload_tiles 0: nothing).
+VARIANTS.update({
+    "w_pdl_p0": Variant(wide_rows=_tiles(EVERY, pdl=True, preload_tiles=0), exact=False),
+    "w_pdl_late": Variant(wide_rows=_tiles(EVERY, pdl=True, trigger_after_loop=True), exact=False),
+    "w_pdl_late_p0": Variant(wide_rows=_tiles(EVERY, pdl=True, preload_tiles=0, trigger_after_loop=True),
+                             exact=False),
+    "w_pdl_late_narrow": Variant(wide_rows=_tiles(NARROW, pdl=True, trigger_after_loop=True), exact=False),
+    # the earlier wide defaults: one tile preloaded under PDL at its level up to 32 rows, plain past 32
+    "w_before_32": Variant(wide_rows=_tiles(EVERY, preload_tiles=1, trigger_after_loop=False), exact=False),
+    "w_before_64": Variant(wide_rows=_tiles(EVERY, pdl=False, preload_tiles=1, trigger_after_loop=False),
+                           exact=False),
+    # the same for 2..8 rows and for batch 1
+    "mr_late_p0": Variant(multi_row=_tiles(EVERY, preload_tiles=0, trigger_after_loop=True), exact=False),
+    "mr_late": Variant(multi_row=_tiles(EVERY, trigger_after_loop=True), exact=False),
+    "b1_late": Variant(gemv_shapes=_tiles(EVERY, trigger_after_loop=True), exact=False),
+    "b1_late_p0": Variant(gemv_shapes=_tiles(EVERY, preload_tiles=0, trigger_after_loop=True), exact=False),
+    # stages of the wide tiles with the late start (gate/up at four stages: two 98 KB programs an SM)
+    "w_gu_s4": Variant(wide_rows=_tiles((GATE_UP,), num_stages=4), exact=False),
+    "w_od_s5": Variant(wide_rows=_tiles((O_PROJ, DOWN), num_stages=5), exact=False),
+    "w_qkv_s4": Variant(wide_rows=_tiles((QKV,), num_stages=4), exact=False),
+})
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
 
@@ -444,8 +473,10 @@ def curve(decoder: Decoder, batches: list[int], args) -> int:
             print(f"  batch {b:>3} {name:>16}: {ms:.3f} ms/step, floor {floor:.3f} ms ({row['vs_read_floor']:.3f}x "
                   f"read, {row['vs_copy_floor']:.3f}x copy), {row['tok_s']:,.0f} tok/s", flush=True)
             if args.profile and b in args.profile_batches and name == variants[0]:
-                for kname, exposed, dur, n in profile(graph, args.out):
-                    print(f"     {exposed:9.1f} {dur:9.1f} {n:4d}  {kname}")
+                rows_ = profile(graph, args.out)
+                print(f"     exposed / device / idle us a step; idle in all: {sum(r[4] for r in rows_):.1f} us")
+                for kname, exposed, dur, n, idle in rows_:
+                    print(f"     {exposed:9.1f} {dur:9.1f} {idle:7.1f} {n:4d}  {kname}")
             del graph
         del step
         torch.cuda.empty_cache()
@@ -523,9 +554,10 @@ def main() -> int:
         print(f"\nkernels of one '{first}' replay: {sum(r[3] for r in rows)} launches, "
               f"{sum(r[1] for r in rows) / 1e3:.3f} ms exposed (between replays excluded), "
               f"{sum(r[2] for r in rows) / 1e3:.3f} ms of summed kernel durations")
-        print(f"{'exposed us':>11} {'device us':>10} {'launches':>8}  kernel")
-        for kname, exposed, us, count in rows[:22]:
-            print(f"{exposed:11.1f} {us:10.1f} {count:8d}  {kname[:90]}")
+        print(f"idle before kernels (launch boundaries): {sum(r[4] for r in rows):.1f} us")
+        print(f"{'exposed us':>11} {'device us':>10} {'idle us':>8} {'launches':>8}  kernel")
+        for kname, exposed, us, count, idle in rows[:22]:
+            print(f"{exposed:11.1f} {us:10.1f} {idle:8.1f} {count:8d}  {kname[:90]}")
     summary = {"shape": args.shape, "batch": args.batch, "cached": args.cached, "floor_ms": round(floor_ms, 3)}
     summary |= {f"{k}_ms": round(v, 3) for k, v in results.items()}
     summary |= {f"{k}_vs_floor": round(v / floor_ms, 3) for k, v in results.items()}

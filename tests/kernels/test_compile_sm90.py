@@ -173,10 +173,13 @@ def test_gemv_kernels_compile_for_sm90(launches):
     kernels.linear_qkv_rope_small_m(wide, _bf16(48 * 128, 4096), None, 32, table, table,
                                     torch.zeros(64, 1, dtype=torch.int64), torch.zeros(64, 1, dtype=torch.int64),
                                     pool, pool.clone())
-    # Split K with the last program of each tile reducing and running every epilogue, and a
-    # wide launch without PDL.
+    # Split K with the last program of each tile reducing and running every epilogue, a wide
+    # launch without PDL, and wide launches letting the next kernel start after their K loop
+    # (with no weight tile or one before the wait).
     for cfg in (GemvConfig(block_n=128, block_k=64, split_k=4, mode="swap", last_reduces=True),
-                GemvConfig(block_n=32, block_k=128, split_k=2, mode="dot", last_reduces=True, pdl=False)):
+                GemvConfig(block_n=32, block_k=128, split_k=2, mode="dot", last_reduces=True, pdl=False),
+                GemvConfig(block_n=128, block_k=64, mode="swap", preload_tiles=0, trigger_after_loop=True),
+                GemvConfig(block_n=32, block_k=128, mode="dot", trigger_after_loop=True)):
         normed = kernels.linear_add_rms_norm_small_m(_bf16(64, 1, 4096), w, _bf16(64, 1, 4096, seed=3),
                                                      _bf16(4096, seed=4), 1e-5, config=cfg)
         kernels.linear_silu_small_m(normed, gate_up, config=cfg)

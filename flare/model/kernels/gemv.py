@@ -44,6 +44,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._common import (
     INTERPRETED,
@@ -102,8 +103,12 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 4
     mode: str = "dot"
-    # Under PDL: weight tiles (1 or 2) loaded into registers before the grid-dependency wait.
+    # Under PDL: weight tiles (0, 1 or 2) loaded into registers before the grid-dependency wait.
     preload_tiles: int = 1
+    # Under PDL: let the next kernel start only once this program's K loop is done (not at
+    # the PDL level's point), so its early programs overlap this kernel's epilogue and tail
+    # rather than its whole weight stream.
+    trigger_after_loop: bool = False
     # "fma" mode: each thread sums this many adjacent products of a tile (1, 2, 4 or 8;
     # 8 bf16 are one 16-byte load) before adding them to the accumulator, which shrinks by
     # as much. sm_90 compile of the batch-1 Llama-3-8B GEMVs with 8: qkv 153 -> 92
@@ -218,7 +223,7 @@ def _linear_small_m_kernel(
     SPLIT_K: tl.constexpr, LAST_REDUCES: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, FOLD: tl.constexpr,
+    PRELOAD: tl.constexpr, FOLD: tl.constexpr, LATE_TRIGGER: tl.constexpr,
 ):
     # EPILOGUE: PLAIN stores x @ w.T (+ bias); GLU silu(gate) * up; ROPE the qkv
     # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
@@ -233,7 +238,9 @@ def _linear_small_m_kernel(
     # ticket (ticket_ptr[pid_n], left at 0 for the next launch) sums them in split order
     # (the same result whichever finishes last) and runs the epilogue; otherwise into
     # part_ptr [SPLIT_K, M, N] for _sum_splits_kernel (PLAIN, no NORM).
-    start_next_kernel_early(PDL)
+    # LATE_TRIGGER (under PDL): the next kernel may start once every program is past its K loop.
+    if not LATE_TRIGGER:
+        start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -271,14 +278,18 @@ def _linear_small_m_kernel(
     else:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     first = k_start
-    if PDL:
+    if PDL and PRELOAD > 0:
         # Weights are never written during a step: the first weight tiles stream in
         # while the previous kernel finishes, x (its output) is read after the wait.
         ks = k_start + offs_k
         w_first = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         if PRELOAD == 2:  # masked: the range may hold one tile
             w_second = _load_w(w_rows, ks + BLOCK_K, k_stop, n_ok, EVEN_N, False)
-        wait_for_inputs(PDL)
+    if PDL:
+        if LATE_TRIGGER:
+            gdc_wait()
+        else:
+            wait_for_inputs(PDL)
     if NORM:
         # Issued before the first x tile, so both L2 round trips overlap and the sum (a
         # warp stalls there until the partials land) waits for one of them, not two.
@@ -287,7 +298,7 @@ def _linear_small_m_kernel(
         parts = tl.arange(0, BLOCK_P)
         squares = tl.load(sq_ptr + offs_m[:, None] * num_parts + parts[None, :],
                           mask=m_ok[:, None] & (parts < num_parts)[None, :], other=0.0)
-    if PDL:
+    if PDL and PRELOAD > 0:
         acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
         first = k_start + BLOCK_K
         if PRELOAD == 2:
@@ -314,6 +325,8 @@ def _linear_small_m_kernel(
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
+    if PDL and LATE_TRIGGER:
+        gdc_launch_dependents()
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     elif MODE == 1:
@@ -460,10 +473,8 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
         # many programs as with 32-row tiles (tools/bench_step.py --curve, H200, 2026-12-03,
         # one call: batch 16 4.504 ms a step against 4.836 with cuBLAS and 5.128 unsplit,
         # batch 32 4.821 against 5.043 and 5.389). At 64 rows the split lost (5.46-6.35
-        # against 5.15: each tile's reduction reads 32 KB a split), and every wide launch runs
-        # without programmatic dependent launch: 5.099 against 5.146 ms (the next kernels'
-        # early programs, waiting on the SMs, slow these large-shared-memory tiles; batch 32
-        # 4.896 against 5.389 unsplit).
+        # against 5.15: each tile's reduction reads 32 KB a split). Where the wide launches let
+        # the next kernel start is below.
         wide = n >= 16384  # gate/up and the vocabulary: output tiles for every SM
         if m <= 32 and not wide:
             splits, block_k = (4 if k >= 8192 else 2), 64
@@ -483,19 +494,29 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
             cfg = GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=7, mode="dot")
         else:  # qkv
             cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6, mode="swap")
-        if m > 32:
-            cfg = replace(cfg, pdl=False)
         if m > 64:  # 128-row x tiles: three stages fit the shared memory
             cfg = replace(cfg, num_stages=3)
-        cfg = replace(cfg, **WIDE_ROW_OVERRIDES.get((n, k), {}))
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
     elif n <= 4096:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=5, mode="swap")
     else:
         cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6 if n < 16384 else 4, mode="swap")
+    if m > 1:
+        # The tensor-core tiles run under PDL with nothing loaded before the wait, and let the
+        # next kernel start only once every program is past its K loop: its early programs then
+        # overlap this launch's epilogues and tail, not its weight stream. tools/bench_step.py
+        # (w_pdl_late_p0, mr_late_p0), H200, two calls, ms a step against the PDL level's early
+        # start with one tile preloaded (and plain launches past 32 rows): batch 64 5.048 against
+        # 5.152 and 5.054 against 5.171, batch 32 4.829 against 4.849, 16 4.482 against 4.541,
+        # 8 4.340 against 4.418, 4 4.298 against 4.331, 2 4.233 against 4.249. The late start with
+        # a preloaded tile lost (batch 64 5.287, batch 8 4.463), as did PDL at its level past 32
+        # rows (5.256) and the late start at batch 1 (3.833 against 3.723).
+        cfg = replace(cfg, preload_tiles=0, trigger_after_loop=True)
     if 1 < m <= 8:
         cfg = replace(cfg, **MULTI_ROW_OVERRIDES.get((n, k), {}))
+    elif m > 8:
+        cfg = replace(cfg, **WIDE_ROW_OVERRIDES.get((n, k), {}))
     # Small models' narrow layers: split K until the grid covers half the SMs (a quarter with
     # wide rows, where Llama-3-8B's o and down keep K whole for their epilogues: 64 programs
     # of 64 x 128 tiles at M=16 measured 69.0 and 81.6% unsplit).
@@ -685,7 +706,7 @@ def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
     require(cfg.mode != "fma" or m == 1, kernel, f"mode 'fma' takes one row, got {m}")
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
             f"block_k must be >= 32 and block_n >= 16 for tensor-core modes, got {cfg}")
-    require(cfg.preload_tiles in (1, 2), kernel, f"preload_tiles must be 1 or 2, got {cfg.preload_tiles}")
+    require(cfg.preload_tiles in (0, 1, 2), kernel, f"preload_tiles must be 0, 1 or 2, got {cfg.preload_tiles}")
     require(cfg.max_registers == 0 or 24 <= cfg.max_registers <= 255, kernel,
             f"max_registers must be 0 (no cap) or 24..255, got {cfg.max_registers}")
     require(cfg.k_fold in (1, 2, 4, 8) and (cfg.k_fold == 1 or cfg.mode == "fma") and cfg.block_k % cfg.k_fold == 0,
@@ -765,7 +786,8 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, LAST_REDUCES=reduces, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
-        PDL=pdl, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold, LATE_TRIGGER=cfg.trigger_after_loop,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and not INTERPRETED else {}),
         # RoPE rounds each product before its sum: no multiply-add contraction there.
         **({"enable_fp_fusion": False} if epilogue == EPILOGUE_ROPE else {}), **pdl_options(pdl),

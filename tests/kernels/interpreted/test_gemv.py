@@ -70,7 +70,7 @@ def test_default_config_for_llama3_8b_shapes():
     assert (default_config(1, 6144, 4096, cpu).k_fold, default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).k_fold,
             default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).max_registers) == (1, 1, 0)
     # Wide rows: up to 32 the narrow shapes split K (four ways from K = 8,192) with the last
-    # program reducing, so the epilogues stay fused; past 32 no split and no PDL.
+    # program reducing, so the epilogues stay fused; past 32 no split.
     for m in (9, 16, 32):
         for n, k, splits in ((6144, 4096, 2), (4096, 4096, 2), (4096, 14336, 4)):
             cfg = default_config(m, n, k, cpu)
@@ -78,7 +78,15 @@ def test_default_config_for_llama3_8b_shapes():
         assert default_config(m, 28672, 4096, cpu).split_k == 1
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
         cfg = default_config(64, n, k, cpu)
-        assert cfg.split_k == 1 and not cfg.pdl, cfg
+        assert cfg.split_k == 1, cfg
+    # Past one row every launch runs under PDL, loads nothing before its wait and lets the next
+    # kernel start after its K loop; batch 1 preloads a tile and lets it start at once.
+    for m in (2, 8, 9, 32, 64):
+        for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
+            cfg = default_config(m, n, k, cpu)
+            assert (cfg.pdl, cfg.preload_tiles, cfg.trigger_after_loop) == (True, 0, True), (m, n, cfg)
+    one = default_config(1, 4096, 4096, cpu)
+    assert (one.pdl, one.preload_tiles, one.trigger_after_loop) == (True, 1, False), one
     # A small model's narrow layer splits K so the grid still covers the GPU.
     narrow = default_config(2, 896, 4864, cpu)
     assert narrow.split_k > 1 and -(-896 // narrow.block_n) * narrow.split_k >= 132 // 2, narrow
