@@ -97,7 +97,10 @@ def dot_precision(dtype: torch.dtype) -> str:
 #
 # Where the earlier kernel lets the later one start is the level (the PDL constexpr
 # of every kernel here): 0 no PDL; 1 after its own wait; 2 at its very start, so a
-# chain of short kernels and the next GEMV's first tiles all start early.
+# chain of short kernels and the next GEMV's first tiles all start early. The GEMV kernel's
+# tensor-core launches (more than one row) instead wait first and let the next kernel start
+# after their K loop (gemv.GemvConfig.trigger_after_loop): their one large program an SM
+# streams better without early arrivals beside it.
 #
 # pdl_mode "auto": level PDL_AUTO_LEVEL for CUDA tensors of a compute capability 9.0+
 # device; "on": that level always (the sm_90 compile test, which runs the wrappers on
