@@ -140,6 +140,21 @@ def start_next_kernel_early(PDL: tl.constexpr):
 
 
 @triton.jit
+def wait_only(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel has finished, without letting the next kernel
+    start (the caller does that later, with :func:`start_next_kernel`)."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def start_next_kernel(PDL: tl.constexpr):
+    """Under PDL: let the next kernel start now (after :func:`wait_only`)."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
 def wait_for_inputs(PDL: tl.constexpr):
     """Under PDL: wait until the previous kernel has finished (its writes visible) and let
     the next kernel start. Before this call a kernel may read only what no kernel of the

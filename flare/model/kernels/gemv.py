@@ -44,7 +44,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._common import (
     INTERPRETED,
@@ -55,8 +54,10 @@ from ._common import (
     require_inner_contiguous,
     require_same_device,
     sm_count,
+    start_next_kernel,
     start_next_kernel_early,
     wait_for_inputs,
+    wait_only,
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 
@@ -285,11 +286,10 @@ def _linear_small_m_kernel(
         w_first = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         if PRELOAD == 2:  # masked: the range may hold one tile
             w_second = _load_w(w_rows, ks + BLOCK_K, k_stop, n_ok, EVEN_N, False)
-    if PDL:
-        if LATE_TRIGGER:
-            gdc_wait()
-        else:
-            wait_for_inputs(PDL)
+    if LATE_TRIGGER:
+        wait_only(PDL)
+    else:
+        wait_for_inputs(PDL)
     if NORM:
         # Issued before the first x tile, so both L2 round trips overlap and the sum (a
         # warp stalls there until the partials land) waits for one of them, not two.
@@ -325,8 +325,8 @@ def _linear_small_m_kernel(
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
-    if PDL and LATE_TRIGGER:
-        gdc_launch_dependents()
+    if LATE_TRIGGER:
+        start_next_kernel(PDL)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     elif MODE == 1:
