@@ -473,9 +473,9 @@ def curve(decoder: Decoder, batches: list[int], args) -> int:
             print(f"  batch {b:>3} {name:>16}: {ms:.3f} ms/step, floor {floor:.3f} ms ({row['vs_read_floor']:.3f}x "
                   f"read, {row['vs_copy_floor']:.3f}x copy), {row['tok_s']:,.0f} tok/s", flush=True)
             if args.profile and b in args.profile_batches and name == variants[0]:
-                rows_ = profile(graph, args.out)
-                print(f"     exposed / device / idle us a step; idle in all: {sum(r[4] for r in rows_):.1f} us")
-                for kname, exposed, dur, n, idle in rows_:
+                profiled = profile(graph, args.out)
+                print(f"     exposed / device / idle us a step; idle in all: {sum(r[4] for r in profiled):.1f} us")
+                for kname, exposed, dur, n, idle in profiled:
                     print(f"     {exposed:9.1f} {dur:9.1f} {idle:7.1f} {n:4d}  {kname}")
             del graph
         del step
