@@ -97,10 +97,11 @@ def dot_precision(dtype: torch.dtype) -> str:
 #
 # Where the earlier kernel lets the later one start is the level (the PDL constexpr
 # of every kernel here): 0 no PDL; 1 after its own wait; 2 at its very start, so a
-# chain of short kernels and the next GEMV's first tiles all start early. The GEMV kernel's
-# tensor-core launches (more than one row) instead wait first and let the next kernel start
-# after their K loop (gemv.GemvConfig.trigger_after_loop): their one large program an SM
-# streams better without early arrivals beside it.
+# chain of short kernels and the next GEMV's first tiles all start early; PDL_LATE where
+# the kernel calls start_next_kernel_late, after its wait (at its exit if it never does).
+# The GEMV kernel's tensor-core launches (more than one row) take PDL_LATE after their K
+# loop (gemv.GemvConfig.trigger_after_loop): their one large program an SM streams better
+# without early arrivals beside it.
 #
 # pdl_mode "auto": level PDL_AUTO_LEVEL for CUDA tensors of a compute capability 9.0+
 # device; "on": that level always (the sm_90 compile test, which runs the wrappers on
@@ -108,6 +109,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 PDL_MODES = ("auto", "on", "off")
 pdl_mode = os.environ.get("FLARE_PDL", "auto")
 PDL_AUTO_LEVEL = 2
+PDL_LATE = 3
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,17 +142,9 @@ def start_next_kernel_early(PDL: tl.constexpr):
 
 
 @triton.jit
-def wait_only(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel has finished, without letting the next kernel
-    start (the caller does that later, with :func:`start_next_kernel`)."""
-    if PDL:
-        gdc_wait()
-
-
-@triton.jit
-def start_next_kernel(PDL: tl.constexpr):
-    """Under PDL: let the next kernel start now (after :func:`wait_only`)."""
-    if PDL:
+def start_next_kernel_late(PDL: tl.constexpr):
+    """At level PDL_LATE, let the next kernel start now (after wait_for_inputs)."""
+    if PDL == 3:
         gdc_launch_dependents()
 
 
@@ -166,3 +160,5 @@ def wait_for_inputs(PDL: tl.constexpr):
     elif PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
+    elif PDL == 3:  # PDL_LATE: the kernel lets the next one start later
+        gdc_wait()

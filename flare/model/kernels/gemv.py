@@ -47,6 +47,7 @@ from triton.language.extra import libdevice
 
 from ._common import (
     INTERPRETED,
+    PDL_LATE,
     next_power_of_2,
     pdl_level,
     pdl_options,
@@ -54,10 +55,9 @@ from ._common import (
     require_inner_contiguous,
     require_same_device,
     sm_count,
-    start_next_kernel,
     start_next_kernel_early,
+    start_next_kernel_late,
     wait_for_inputs,
-    wait_only,
 )
 from .elementwise import _rotate_half, add_rms_norm, check_rope_targets, qkv_rope_write, rms_norm, silu, silu_mul
 
@@ -106,9 +106,9 @@ class GemvConfig:
     mode: str = "dot"
     # Under PDL: weight tiles (0, 1 or 2) loaded into registers before the grid-dependency wait.
     preload_tiles: int = 1
-    # Under PDL: let the next kernel start only once this program's K loop is done (not at
-    # the PDL level's point), so its early programs overlap this kernel's epilogue and tail
-    # rather than its whole weight stream.
+    # Under PDL: let the next kernel start only once this program's K loop is done (the
+    # launch's level is _common.PDL_LATE), so its early programs overlap this kernel's
+    # epilogue and tail rather than its whole weight stream.
     trigger_after_loop: bool = False
     # "fma" mode: each thread sums this many adjacent products of a tile (1, 2, 4 or 8;
     # 8 bf16 are one 16-byte load) before adding them to the accumulator, which shrinks by
@@ -224,7 +224,7 @@ def _linear_small_m_kernel(
     SPLIT_K: tl.constexpr, LAST_REDUCES: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, FOLD: tl.constexpr, LATE_TRIGGER: tl.constexpr,
+    PRELOAD: tl.constexpr, FOLD: tl.constexpr,
 ):
     # EPILOGUE: PLAIN stores x @ w.T (+ bias); GLU silu(gate) * up; ROPE the qkv
     # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
@@ -239,9 +239,8 @@ def _linear_small_m_kernel(
     # ticket (ticket_ptr[pid_n], left at 0 for the next launch) sums them in split order
     # (the same result whichever finishes last) and runs the epilogue; otherwise into
     # part_ptr [SPLIT_K, M, N] for _sum_splits_kernel (PLAIN, no NORM).
-    # LATE_TRIGGER (under PDL): the next kernel may start once every program is past its K loop.
-    if not LATE_TRIGGER:
-        start_next_kernel_early(PDL)
+    # At PDL_LATE the next kernel may start once every program is past its K loop.
+    start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -286,10 +285,7 @@ def _linear_small_m_kernel(
         w_first = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         if PRELOAD == 2:  # masked: the range may hold one tile
             w_second = _load_w(w_rows, ks + BLOCK_K, k_stop, n_ok, EVEN_N, False)
-    if LATE_TRIGGER:
-        wait_only(PDL)
-    else:
-        wait_for_inputs(PDL)
+    wait_for_inputs(PDL)
     if NORM:
         # Issued before the first x tile, so both L2 round trips overlap and the sum (a
         # warp stalls there until the partials land) waits for one of them, not two.
@@ -325,8 +321,7 @@ def _linear_small_m_kernel(
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
         acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
-    if LATE_TRIGGER:
-        start_next_kernel(PDL)
+    start_next_kernel_late(PDL)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     elif MODE == 1:
@@ -776,6 +771,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
     else:
         rope_args, rope_scalars, half = (out,) * 6, (0, 0, 0, 0), 1
     pdl = pdl_level(rows) if cfg.pdl else 0
+    level = PDL_LATE if pdl and cfg.trigger_after_loop else pdl  # the GEMV's own; the split sum keeps pdl
     squares, eps = norm if norm is not None else (out, 0.0)
     num_parts = squares.shape[1] if norm is not None else 1
     add_norm_args = add_norm if add_norm is not None else (out,) * 4
@@ -786,7 +782,7 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, LAST_REDUCES=reduces, MODE=_MODES[cfg.mode],
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
-        PDL=pdl, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold, LATE_TRIGGER=cfg.trigger_after_loop,
+        PDL=level, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and not INTERPRETED else {}),
         # RoPE rounds each product before its sum: no multiply-add contraction there.
