@@ -52,6 +52,7 @@ from flare.model.kernels import (  # noqa: E402
     _common,
     add_rms_norm,
     default_config,
+    gemv,
     linear,
     linear_small_m,
     paged_attention,
@@ -396,9 +397,10 @@ def sweep_configs(m: int) -> list[GemvConfig]:
     configs = [swap(32, 256, st) for st in (4, 5, 6, 7)] + [swap(64, 256, st) for st in (5, 6)]
     configs += [swap(64, 128, st) for st in (4, 5, 6, 7)] + [swap(128, 128, 3), swap(128, 128, 4)]
     configs += [swap(32, 512, 3), swap(32, 512, 4), swap(16, 256, 5), swap(16, 512, 5), swap(32, 256, 5, split_k=2)]
-    if m == 1:
-        for bn, bk, warps in ((8, 512, 2), (8, 1024, 4), (4, 1024, 2), (16, 512, 4)):
-            configs.append(GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=3, mode="fma"))
+    if m <= gemv.FMA_MAX_ROWS:  # one register accumulator a row, past one row folded 8 columns a thread
+        fold = 1 if m == 1 else 8
+        for bn, bk, warps in ((8, 512, 2), (8, 1024, 4), (4, 1024, 2), (4, 1024, 4), (16, 512, 4)):
+            configs.append(GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=3, mode="fma", k_fold=fold))
     return configs
 
 

@@ -395,6 +395,44 @@ VARIANTS.update({
     "w_od_s5": Variant(wide_rows=_tiles((O_PROJ, DOWN), num_stages=5), exact=False),
     "w_qkv_s4": Variant(wide_rows=_tiles((QKV,), num_stages=4), exact=False),
 })
+# 2..8 rows on the FMA tiles (mode "fma": one register accumulator a row, each thread's eight
+# adjacent columns folded), batch 1's tile shapes over four warps so that a thread holds eight
+# columns of K (sm_90: 64-148 registers at 2-8 rows, no spills), or over two warps with half
+# the K ("_w2").
+FMA_TILES = {QKV: {"block_n": 4}, O_PROJ: {"block_n": 8}, DOWN: {"block_n": 8}, GATE_UP: {"block_n": 4},
+             LM_HEAD: {"block_n": 4}}
+
+
+def _fma_rows(block_k: int = 1024, num_warps: int = 4, shapes: dict | None = None, **cfg) -> dict:
+    """FMA_TILES with ``cfg`` for every shape and ``shapes`` ({shape: fields}) for some."""
+    return {shape: {"mode": "fma", "k_fold": 8, "num_stages": 3, "split_k": 1, "last_reduces": False,
+                    "block_k": block_k, "num_warps": num_warps, **tile, **cfg, **(shapes or {}).get(shape, {})}
+            for shape, tile in FMA_TILES.items()}
+
+
+EARLY = {"preload_tiles": 1, "trigger_after_loop": False}
+
+
+VARIANTS.update({
+    "mr_fma": Variant(multi_row=_fma_rows(), exact=False),
+    "mr_fma_early": Variant(multi_row=_fma_rows(preload_tiles=1, trigger_after_loop=False), exact=False),
+    "mr_fma_w2": Variant(multi_row=_fma_rows(block_k=512, num_warps=2), exact=False),
+    "mr_fma_w2_early": Variant(multi_row=_fma_rows(block_k=512, num_warps=2, preload_tiles=1,
+                                                   trigger_after_loop=False), exact=False),
+    "mr_fma_qkv8": Variant(multi_row=_fma_rows(shapes={QKV: {"block_n": 8}}, **EARLY), exact=False),
+    "mr_fma_qkv_w2": Variant(multi_row=_fma_rows(shapes={QKV: {"num_warps": 2}}, **EARLY), exact=False),
+    "mr_fma_narrow16": Variant(multi_row=_fma_rows(shapes={O_PROJ: {"block_n": 16}, DOWN: {"block_n": 16}},
+                                                   **EARLY), exact=False),
+    # the FMA tiles on some shapes only, the tensor-core tiles on the others
+    "mr_fma_o": Variant(multi_row={O_PROJ: _fma_rows(**EARLY)[O_PROJ]}, exact=False),
+    "mr_fma_o_qkv": Variant(multi_row={s: _fma_rows(**EARLY)[s] for s in (O_PROJ, QKV)}, exact=False),
+    "mr_o_split2": Variant(multi_row={O_PROJ: {"split_k": 2, "last_reduces": True}}, exact=False),
+    "mr_o_bn16": Variant(multi_row={O_PROJ: {"block_n": 16}}, exact=False),
+    "mr_o_split4": Variant(multi_row={O_PROJ: {"split_k": 4, "last_reduces": True}}, exact=False),
+    "mr_od_split2": Variant(multi_row=_tiles((O_PROJ, DOWN), split_k=2, last_reduces=True), exact=False),
+    "mr_oq_split2": Variant(multi_row=_tiles((O_PROJ, QKV), split_k=2, last_reduces=True), exact=False),
+    "mr_narrow_split2": Variant(multi_row=_tiles(NARROW, split_k=2, last_reduces=True), exact=False),
+})
 SERVING_DECODE_LAUNCH = attention.DECODE_LAUNCH
 
 

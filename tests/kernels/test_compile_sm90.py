@@ -220,6 +220,30 @@ def test_batch1_qkv_default_fits_its_register_cap_without_spilling(launches, mon
     assert re.findall(r"(\d+) bytes spill stores", log) == ["0"] and "0 bytes spill loads" in log, log
 
 
+def test_two_row_fma_defaults_compile_without_spilling(launches, monkeypatch, capfd):
+    """Two decode rows take the FMA tiles (one register accumulator a row): every Llama-3-8B
+    launch of a two-row step must compile without local memory, specialized as a real launch."""
+    monkeypatch.setattr(triton.knobs.nvidia, "dump_ptxas_log", True)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    w, down = torch.empty(4096, 4096, dtype=torch.bfloat16), torch.empty(4096, 14336, dtype=torch.bfloat16)
+    table, pool = torch.randn(4096, 128), torch.zeros(40, 64, 8, 128, dtype=torch.bfloat16)
+    normed = kernels.linear_add_rms_norm_small_m(_bf16(2, 1, 4096), w, _bf16(2, 1, 4096, seed=3), _bf16(4096), 1e-5)
+    kernels.linear_qkv_rope_small_m(normed, torch.empty(48 * 128, 4096, dtype=torch.bfloat16), None, 32, table, table,
+                                    torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64),
+                                    pool, pool.clone())
+    kernels.linear_silu_small_m(normed, torch.empty(2 * 14336, 4096, dtype=torch.bfloat16))
+    kernels.linear_add_rms_norm_small_m(_bf16(2, 1, 14336), down, _bf16(2, 1, 4096, seed=3), _bf16(4096), 1e-5)
+    kernels.linear_small_m(normed, torch.empty(128256, 4096, dtype=torch.bfloat16), out_dtype=torch.float32)
+    for fn, args, kwargs in launches:
+        if fn.__name__ == "_linear_small_m_kernel":
+            assert kwargs["MODE"] == gemv.MODE_FMA_ROWS and kwargs["ROWS"] == 2, kwargs
+    capfd.readouterr()
+    assert _compile_all(launches, specialize=True) == ["_linear_small_m_kernel"]
+    log = capfd.readouterr().out
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    assert len(spills) >= 4 and set(spills) == {"0"}, log  # o and down may compile to one kernel
+
+
 def test_attention_kernels_compile_for_sm90(launches):
     decode = build_case(kv_lens=[1, 64, 700], q_len=1, num_heads=32, num_kv_heads=8, head_dim=128,
                         max_pages=12, dtype=torch.bfloat16)

@@ -11,8 +11,9 @@ and did the same step in 3.69 ms at M=1 (95% of the floor) and 3.82 ms at M=8 (9
 A program owns ``BLOCK_N`` output columns (weight rows) and one of ``split_k``
 slices of K. Three inner products are available (:class:`GemvConfig`.mode):
 
-- ``"fma"`` (M == 1): multiply-accumulate the weight tile against x in registers
-  and reduce once at the end; no tensor cores, no shared memory.
+- ``"fma"`` (up to FMA_MAX_ROWS rows; the default at one and two): multiply-accumulate
+  the weight tile against each x row in registers and reduce once at the end; no tensor
+  cores, no shared memory.
 - ``"dot"``: ``x[16, BK] @ w[BN, BK].T`` on the tensor cores, x padded to 16 rows.
 - ``"swap"``: ``w[BN, BK] @ x[16, BK].T``, the weight as the wide operand.
 
@@ -89,6 +90,11 @@ MULTI_ROW_OVERRIDES: dict[tuple[int, int], dict] = {}
 # The same for 9..MAX_ROWS rows.
 WIDE_ROW_OVERRIDES: dict[tuple[int, int], dict] = {}
 _MODES = {"fma": 0, "dot": 1, "swap": 2}
+# The kernel's MODE for mode "fma" over several rows (one register accumulator a row).
+MODE_FMA_ROWS = 3
+_FMA_ROWS = tl.constexpr(MODE_FMA_ROWS)
+FMA_MAX_ROWS = 8
+FMA_ROWS = 2  # rows that default_config puts on the FMA tiles
 
 
 @dataclass(frozen=True)
@@ -150,16 +156,39 @@ def _load_x(x_rows, ks, k_stop, m_ok, EVEN_K: tl.constexpr):
 @triton.jit
 def _accumulate(acc, w, x, MODE: tl.constexpr, FOLD: tl.constexpr):
     if MODE == 0:
-        product = w.to(tl.float32) * x.to(tl.float32)
-        if FOLD == 1:
-            acc += product
-        else:  # [N, K] -> [N, K / FOLD]: each thread's adjacent columns (K is split in 16-byte runs)
-            acc += tl.sum(tl.reshape(product, [product.shape[0], product.shape[1] // FOLD, FOLD]), axis=2)
+        acc = _fma(acc, w.to(tl.float32), x, FOLD)
     elif MODE == 1:
         acc = tl.dot(x, tl.trans(w), acc)
     else:
         acc = tl.dot(w, tl.trans(x), acc)
     return acc
+
+
+@triton.jit
+def _fma(acc, w, x, FOLD: tl.constexpr):
+    """acc [N, K / FOLD] += w [N, K] (fp32) * x [1, K], each thread's FOLD adjacent columns summed
+    first (K is split in 16-byte runs, so they are one thread's)."""
+    product = w * x.to(tl.float32)
+    if FOLD == 1:
+        return acc + product
+    return acc + tl.sum(tl.reshape(product, [product.shape[0], product.shape[1] // FOLD, FOLD]), axis=2)
+
+
+@triton.jit
+def _fma_rows(accs, w, x_ptr, s_xm, ks, k_stop, ROWS: tl.constexpr, EVEN_K: tl.constexpr, FOLD: tl.constexpr):
+    """MODE_FMA_ROWS: the weight tile [N, K] against each of ROWS x rows, one [N, K / FOLD]
+    accumulator a row (the tuple ``accs``). Each row is loaded as a [1, K] tile, so it takes the
+    weight tile's layout: one [M, N, K] product was relaid through shared memory every step and
+    took 255 registers (sm_90)."""
+    wide = w.to(tl.float32)
+    sums = ()
+    for m in tl.static_range(ROWS):
+        if EVEN_K:
+            x = tl.load(x_ptr + m * s_xm + ks[None, :])
+        else:
+            x = tl.load(x_ptr + m * s_xm + ks[None, :], mask=(ks < k_stop)[None, :], other=0.0)
+        sums = sums + (_fma(accs[m], wide, x, FOLD),)
+    return sums
 
 
 @triton.jit
@@ -224,7 +253,7 @@ def _linear_small_m_kernel(
     SPLIT_K: tl.constexpr, LAST_REDUCES: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, FOLD: tl.constexpr,
+    PRELOAD: tl.constexpr, FOLD: tl.constexpr, ROWS: tl.constexpr,
 ):
     # EPILOGUE: PLAIN stores x @ w.T (+ bias); GLU silu(gate) * up; ROPE the qkv
     # projection's RoPE and K/V scatter (qkv_rope_write without q/k norm). The rope
@@ -240,6 +269,7 @@ def _linear_small_m_kernel(
     # (the same result whichever finishes last) and runs the epilogue; otherwise into
     # part_ptr [SPLIT_K, M, N] for _sum_splits_kernel (PLAIN, no NORM).
     # At PDL_LATE the next kernel may start once every program is past its K loop.
+    # MODE_FMA_ROWS (mode "fma" with 2..FMA_MAX_ROWS rows): ROWS == M accumulators.
     start_next_kernel_early(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -273,6 +303,10 @@ def _linear_small_m_kernel(
     x_rows = x_ptr + offs_m[:, None] * s_xm  # [BLOCK_M, 1]
     if MODE == 0:
         acc = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    elif MODE == _FMA_ROWS:
+        acc = ()
+        for _ in tl.static_range(ROWS):
+            acc = acc + (tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32),)
     elif MODE == 1:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
@@ -295,10 +329,16 @@ def _linear_small_m_kernel(
         squares = tl.load(sq_ptr + offs_m[:, None] * num_parts + parts[None, :],
                           mask=m_ok[:, None] & (parts < num_parts)[None, :], other=0.0)
     if PDL and PRELOAD > 0:
-        acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
+        if MODE == _FMA_ROWS:
+            acc = _fma_rows(acc, w_first, x_ptr, s_xm, ks, k_stop, ROWS, EVEN_K, FOLD)
+        else:
+            acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
         first = k_start + BLOCK_K
         if PRELOAD == 2:
-            acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE, FOLD)
+            if MODE == _FMA_ROWS:
+                acc = _fma_rows(acc, w_second, x_ptr, s_xm, ks + BLOCK_K, k_stop, ROWS, False, FOLD)
+            else:
+                acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE, FOLD)
             first += BLOCK_K
     # The epilogue's inputs (0.0 where it takes none), after the wait and before the loop,
     # so their latency hides under the weight stream.
@@ -320,10 +360,17 @@ def _linear_small_m_kernel(
     for k in range(first, k_stop, BLOCK_K):
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
-        acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
+        if MODE == _FMA_ROWS:
+            acc = _fma_rows(acc, w, x_ptr, s_xm, ks, k_stop, ROWS, EVEN_K, FOLD)
+        else:
+            acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
     start_next_kernel_late(PDL)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
+    elif MODE == _FMA_ROWS:
+        result = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for m in tl.static_range(ROWS):
+            result = tl.where(offs_m[:, None] == m, tl.sum(acc[m], axis=1)[None, :], result)
     elif MODE == 1:
         result = acc
     else:
@@ -421,6 +468,8 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
     - M=8 (the tensor-core "swap" mode, weight as the wide operand): qkv 80.2 (74.8)
       with 64 x 128 x 6 stages, o 69.5 (60.0) and down 90.1 (84.0) with 32 x 256,
       gate_up 96.6 (96.4) and lm_head 101.7 (97.9) with 64 x 128 x 4 stages.
+    - M=2: the FMA tiles again (one accumulator a row); from three rows the tensor-core
+      tiles win in the step (below).
 
     ``epilogue``: the launch's EPILOGUE_* (the gate/up product takes four warps at M=1).
     """
@@ -448,6 +497,16 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
                          mode="fma", preload_tiles=PRELOAD_TILES, k_fold=8 if rope else K_FOLD,
                          max_registers=ROPE_MAX_REGISTERS if rope else 0)
         cfg = replace(cfg, **SHAPE_OVERRIDES.get((n, k), {}))
+    elif m <= FMA_ROWS:
+        # Two rows: batch 1's FMA tiles over four warps (a thread holds eight columns of K for
+        # each row, folded), one register accumulator a row, preloading a tile and letting the
+        # next kernel start at once as batch 1 does. tools/bench_step.py (mr_fma_early), H200,
+        # two calls: batch 2 3.978 and 3.980 ms a step against 4.208 and 4.197 on the
+        # tensor-core tiles; the late start read 4.233. At three rows they lost (4.539 against
+        # 4.214), at four 5.080 against 4.269 and at eight 9.238 against 4.304: the FMA pipes,
+        # not the weight stream, bound them.
+        cfg = GemvConfig(block_n=8 if n <= 4096 and k >= 4096 else 4, block_k=1024, num_warps=4, num_stages=3,
+                         mode="fma", k_fold=8)
     elif m > 8:
         # 9..128 rows: the tile's other side is the next power of two of M, so these are
         # Hopper warpgroup products (wgmma) wherever one side holds 64 rows. H200 sweep
@@ -494,10 +553,17 @@ def default_config(m: int, n: int, k: int, device: torch.device, epilogue: int =
     elif k >= 8192:
         cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=6, mode="swap")
     elif n <= 4096:
-        cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=5, mode="swap")
+        # The o projection splits K in two with the last program reducing: 256 programs, not
+        # 128 under one an SM. tools/bench_step.py (mr_o_split2), H200, one call, ms a step
+        # against unsplit: batch 3 4.112 / 4.215, 4 4.160 / 4.276 (4.164 / 4.271 in another
+        # call), 5 4.163 / 4.211, 8 4.257 / 4.298. Four splits, and two on down or qkv as
+        # well, lost (batch 4: 4.255, 4.334, 4.257).
+        splits = 2 if k >= 4 * 256 * 2 else 1
+        cfg = GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=5, mode="swap", split_k=splits,
+                         last_reduces=True)
     else:
         cfg = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=6 if n < 16384 else 4, mode="swap")
-    if m > 1:
+    if cfg.mode != "fma":
         # The tensor-core tiles run under PDL with nothing loaded before the wait, and let the
         # next kernel start only once every program is past its K loop: its early programs then
         # overlap this launch's epilogues and tail, not its weight stream. tools/bench_step.py
@@ -698,7 +764,7 @@ def _prepare(kernel: str, x: torch.Tensor | NormedRows, w: torch.Tensor, bias: t
     require(1 <= m <= MAX_ROWS, kernel, f"x must have 1..{MAX_ROWS} rows, got {m} (shape {tuple(inputs.shape)})")
     cfg = config or default_config(m, n, k, inputs.device, epilogue)
     require(cfg.mode in _MODES, kernel, f"unknown mode {cfg.mode!r}")
-    require(cfg.mode != "fma" or m == 1, kernel, f"mode 'fma' takes one row, got {m}")
+    require(cfg.mode != "fma" or m <= FMA_MAX_ROWS, kernel, f"mode 'fma' takes 1..{FMA_MAX_ROWS} rows, got {m}")
     require(cfg.block_k >= 32 and cfg.block_n >= (1 if cfg.mode == "fma" else 16), kernel,
             f"block_k must be >= 32 and block_n >= 16 for tensor-core modes, got {cfg}")
     require(cfg.preload_tiles in (0, 1, 2), kernel, f"preload_tiles must be 0, 1 or 2, got {cfg.preload_tiles}")
@@ -754,7 +820,8 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
     m, k = rows.shape
     n = outputs
     bias_arg = bias if bias is not None else out
-    block_m = 1 if cfg.mode == "fma" else max(16, next_power_of_2(m))
+    block_m = next_power_of_2(m) if cfg.mode == "fma" else max(16, next_power_of_2(m))
+    mode = MODE_FMA_ROWS if cfg.mode == "fma" and m > 1 else _MODES[cfg.mode]
     per_program = cfg.block_n // 2 if epilogue == EPILOGUE_GLU else cfg.block_n
     programs = triton.cdiv(n, per_program)
     reduces = cfg.split_k > 1 and cfg.last_reduces
@@ -779,10 +846,10 @@ def _launch(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out:
         rows, w, bias_arg, out, part, tickets, squares, *add_norm_args, *rope_args,
         m, n, k, rows.stride(0), w.stride(0), out.stride(0) if out.dim() == 2 else 0, *rope_scalars, num_parts,
         float(eps), HAS_BIAS=bias is not None, NORM=norm is not None, ADD_NORM=add_norm is not None,
-        BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, LAST_REDUCES=reduces, MODE=_MODES[cfg.mode],
+        BLOCK_P=next_power_of_2(num_parts), SPLIT_K=cfg.split_k, LAST_REDUCES=reduces, MODE=mode,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=n % per_program == 0, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EPILOGUE=epilogue, HALF=half,
-        PDL=level, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold,
+        PDL=level, PRELOAD=cfg.preload_tiles, FOLD=cfg.k_fold, ROWS=m if mode == MODE_FMA_ROWS else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and not INTERPRETED else {}),
         # RoPE rounds each product before its sum: no multiply-add contraction there.

@@ -44,30 +44,36 @@ def test_tensor_core_modes(dtype, m, config):
                                     GemvConfig(block_n=32, block_k=64, split_k=4, mode="fma", k_fold=4,
                                                max_registers=80)],
                          ids=["fma", "fma-split4", "fma-fold8", "fma-split4-fold4"])
-def test_single_row_fma_mode(config):
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_fma_mode(config, m):
     gen = torch.Generator().manual_seed(9)
-    x = torch.randn(1, 1, 512, generator=gen).bfloat16()  # leading dims flatten to one row
+    x = torch.randn(m, 1, 512, generator=gen).bfloat16()  # leading dims flatten to rows
     w = torch.randn(96, 512, generator=gen).bfloat16()
     bias = torch.randn(96, generator=gen).bfloat16()
     got = linear_small_m(x, w, bias, config=config)
-    assert got.shape == (1, 1, 96)
-    check_linear(got, x, w, bias, str(config))
+    assert got.shape == (m, 1, 96)
+    check_linear(got, x, w, bias, f"M={m} {config}")
+    if m > 1:  # each row is the product it would be alone, up to the order of the sums
+        alone = linear_small_m(x[1:2], w, bias, config=config)
+        torch.testing.assert_close(got[1:2].float(), alone.float(), rtol=8e-3, atol=1e-2)
 
 
 def test_default_config_for_llama3_8b_shapes():
     cpu = torch.device("cpu")  # 132 SMs assumed
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
-        for m in (1, 2, 8):
+        for m in (1, 2, 3, 8):
             cfg = default_config(m, n, k, cpu)
             programs = -(-n // cfg.block_n) * cfg.split_k
             assert programs >= 132 // 2, f"{(m, n, k)}: {cfg} launches only {programs} programs"
             assert cfg.block_k * cfg.split_k <= k and cfg.num_stages >= 3
-            assert cfg.mode != "fma" or m == 1
-            assert cfg.split_k == 1, f"{(m, n, k)}: Llama-3-8B layers need no K split, got {cfg}"
+            assert (cfg.mode == "fma") == (m <= gemv.FMA_ROWS), cfg
+            # 3..8 rows: the o projection splits K in two, its last program reducing
+            splits = 2 if (n, k) == (4096, 4096) and m > gemv.FMA_ROWS else 1
+            assert (cfg.split_k, cfg.last_reduces or splits == 1) == (splits, True), f"{(m, n, k)}: {cfg}"
     # The qkv product (its RoPE epilogue) folds its accumulator under a register cap at batch 1 only.
     rope = default_config(1, 6144, 4096, cpu, gemv.EPILOGUE_ROPE)
     assert (rope.k_fold, rope.max_registers, rope.num_warps) == (8, gemv.ROPE_MAX_REGISTERS, 2), rope
-    assert (default_config(1, 6144, 4096, cpu).k_fold, default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).k_fold,
+    assert (default_config(1, 6144, 4096, cpu).k_fold, default_config(3, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).k_fold,
             default_config(2, 6144, 4096, cpu, gemv.EPILOGUE_ROPE).max_registers) == (1, 1, 0)
     # Wide rows: up to 32 the narrow shapes split K (four ways from K = 8,192) with the last
     # program reducing, so the epilogues stay fused; past 32 no split.
@@ -79,16 +85,20 @@ def test_default_config_for_llama3_8b_shapes():
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
         cfg = default_config(64, n, k, cpu)
         assert cfg.split_k == 1, cfg
-    # Past one row every launch runs under PDL, loads nothing before its wait and lets the next
-    # kernel start after its K loop; batch 1 preloads a tile and lets it start at once.
-    for m in (2, 8, 9, 32, 64):
+    # The tensor-core tiles (past two rows) run under PDL, load nothing before their wait and let
+    # the next kernel start after their K loop; the FMA tiles preload a tile and let it start at once.
+    for m in (3, 8, 9, 32, 64):
         for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
             cfg = default_config(m, n, k, cpu)
             assert (cfg.pdl, cfg.preload_tiles, cfg.trigger_after_loop) == (True, 0, True), (m, n, cfg)
-    one = default_config(1, 4096, 4096, cpu)
-    assert (one.pdl, one.preload_tiles, one.trigger_after_loop) == (True, 1, False), one
+    for m in (1, 2):
+        one = default_config(m, 4096, 4096, cpu)
+        assert (one.pdl, one.preload_tiles, one.trigger_after_loop) == (True, 1, False), one
+    two = [default_config(2, n, k, cpu) for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]]
+    assert [(c.block_n, c.block_k, c.num_warps, c.k_fold) for c in two] == [(4, 1024, 4, 8), (8, 1024, 4, 8),
+                                                                           (4, 1024, 4, 8), (8, 1024, 4, 8)], two
     # A small model's narrow layer splits K so the grid still covers the GPU.
-    narrow = default_config(2, 896, 4864, cpu)
+    narrow = default_config(3, 896, 4864, cpu)  # the tensor-core tiles (two rows take the FMA ones)
     assert narrow.split_k > 1 and -(-896 // narrow.block_n) * narrow.split_k >= 132 // 2, narrow
 
 
@@ -123,8 +133,8 @@ def test_bad_inputs_raise_typed_errors():
         linear_small_m(torch.randn(2, 15), w)
     with pytest.raises(KernelInputError, match="share a float dtype"):
         linear_small_m(torch.randn(2, 16).bfloat16(), w)
-    with pytest.raises(KernelInputError, match="mode 'fma' takes one row"):
-        linear_small_m(torch.randn(2, 16), w, config=GemvConfig(mode="fma"))
+    with pytest.raises(KernelInputError, match=r"mode 'fma' takes 1\.\.8 rows, got 9"):
+        linear_small_m(torch.randn(9, 16), w, config=GemvConfig(mode="fma"))
     with pytest.raises(KernelInputError, match="k_fold must be"):
         linear_small_m(torch.randn(2, 16), w, config=GemvConfig(mode="swap", k_fold=8))
     with pytest.raises(KernelInputError, match="k_fold must be"):
@@ -145,7 +155,7 @@ def test_linear_silu_epilogue_matches_unfused(config):
     from flare.model.kernels import linear_silu_small_m
 
     gen = torch.Generator().manual_seed(21)
-    m = 1 if config.mode == "fma" else 3
+    m = 3
     inter = 50  # off the tile grid: the last program holds padding outputs
     x = torch.randn(m, 256, generator=gen).bfloat16()
     w = (torch.randn(2 * inter, 256, generator=gen) / 8).bfloat16()
@@ -178,7 +188,7 @@ def test_qkv_rope_epilogue_matches_the_decoder_composite(config):
 
     gen = torch.Generator().manual_seed(23)
     heads, kv_heads, d, hidden = 4, 2, 16, 128
-    b = 1 if config.mode == "fma" else 3
+    b = 3
     x = torch.randn(b, 1, hidden, generator=gen).bfloat16()
     w = (torch.randn((heads + 2 * kv_heads) * d, hidden, generator=gen) / 8).bfloat16()
     bias = torch.randn(w.shape[0], generator=gen).bfloat16()
