@@ -394,6 +394,11 @@ VARIANTS.update({
     "w_gu_s4": Variant(wide_rows=_tiles((GATE_UP,), num_stages=4), exact=False),
     "w_od_s5": Variant(wide_rows=_tiles((O_PROJ, DOWN), num_stages=5), exact=False),
     "w_qkv_s4": Variant(wide_rows=_tiles((QKV,), num_stages=4), exact=False),
+    # K splits of the 9..32-row narrow tiles (two on qkv and o, four on down by default)
+    "w_o_split4": Variant(wide_rows={O_PROJ: {"split_k": 4}}, exact=False),
+    "w_qkv_split4": Variant(wide_rows={QKV: {"split_k": 4}}, exact=False),
+    "w_down_split2": Variant(wide_rows={DOWN: {"split_k": 2}}, exact=False),
+    "w_o_s5": Variant(wide_rows={O_PROJ: {"num_stages": 5}}, exact=False),
 })
 # 2..8 rows on the FMA tiles (mode "fma": one register accumulator a row, each thread's eight
 # adjacent columns folded), batch 1's tile shapes over four warps so that a thread holds eight
