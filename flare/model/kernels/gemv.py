@@ -192,6 +192,17 @@ def _fma_rows(accs, w, x_ptr, s_xm, ks, k_stop, ROWS: tl.constexpr, EVEN_K: tl.c
 
 
 @triton.jit
+def _accumulate_tile(acc, w, x_ptr, x_rows, s_xm, ks, k_stop, m_ok, EVEN_K: tl.constexpr, MODE: tl.constexpr,
+                     ROWS: tl.constexpr, FOLD: tl.constexpr):
+    """acc plus the weight tile ``w`` (columns ``ks``) against the x rows, in any MODE."""
+    if MODE == _FMA_ROWS:
+        acc = _fma_rows(acc, w, x_ptr, s_xm, ks, k_stop, ROWS, EVEN_K, FOLD)
+    else:
+        acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
+    return acc
+
+
+@triton.jit
 def _rope_inputs(pid_n, offs_m, m_ok, cos_ptr, sin_ptr, pos_ptr, widx_ptr, s_cos, s_sin,
                  BLOCK_N: tl.constexpr, HALF: tl.constexpr):
     """The program's RoPE table entries and write indices (the ROPE epilogue), loaded before the
@@ -329,16 +340,11 @@ def _linear_small_m_kernel(
         squares = tl.load(sq_ptr + offs_m[:, None] * num_parts + parts[None, :],
                           mask=m_ok[:, None] & (parts < num_parts)[None, :], other=0.0)
     if PDL and PRELOAD > 0:
-        if MODE == _FMA_ROWS:
-            acc = _fma_rows(acc, w_first, x_ptr, s_xm, ks, k_stop, ROWS, EVEN_K, FOLD)
-        else:
-            acc = _accumulate(acc, w_first, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
+        acc = _accumulate_tile(acc, w_first, x_ptr, x_rows, s_xm, ks, k_stop, m_ok, EVEN_K, MODE, ROWS, FOLD)
         first = k_start + BLOCK_K
         if PRELOAD == 2:
-            if MODE == _FMA_ROWS:
-                acc = _fma_rows(acc, w_second, x_ptr, s_xm, ks + BLOCK_K, k_stop, ROWS, False, FOLD)
-            else:
-                acc = _accumulate(acc, w_second, _load_x(x_rows, ks + BLOCK_K, k_stop, m_ok, False), MODE, FOLD)
+            acc = _accumulate_tile(acc, w_second, x_ptr, x_rows, s_xm, ks + BLOCK_K, k_stop, m_ok, False, MODE, ROWS,
+                                   FOLD)
             first += BLOCK_K
     # The epilogue's inputs (0.0 where it takes none), after the wait and before the loop,
     # so their latency hides under the weight stream.
@@ -360,10 +366,7 @@ def _linear_small_m_kernel(
     for k in range(first, k_stop, BLOCK_K):
         ks = k + offs_k
         w = _load_w(w_rows, ks, k_stop, n_ok, EVEN_N, EVEN_K)
-        if MODE == _FMA_ROWS:
-            acc = _fma_rows(acc, w, x_ptr, s_xm, ks, k_stop, ROWS, EVEN_K, FOLD)
-        else:
-            acc = _accumulate(acc, w, _load_x(x_rows, ks, k_stop, m_ok, EVEN_K), MODE, FOLD)
+        acc = _accumulate_tile(acc, w, x_ptr, x_rows, s_xm, ks, k_stop, m_ok, EVEN_K, MODE, ROWS, FOLD)
     start_next_kernel_late(PDL)
     if MODE == 0:
         result = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
