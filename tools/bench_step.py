@@ -35,7 +35,7 @@ from bench_gpu import COPY_CEILING_BPS, SHAPES  # noqa: E402
 from bench_kernels import read_ceiling_gbs, replay_ms  # noqa: E402
 
 from flare.model import kernels  # noqa: E402
-from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache  # noqa: E402
+from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache, PackedBatch, PackedRows  # noqa: E402
 from flare.model.checkpoint import random_runtime_weights  # noqa: E402
 from flare.model.decoder import Decoder, cuda_ops  # noqa: E402
 from flare.model.kernels import _common, attention, elementwise, gemv  # noqa: E402
@@ -88,6 +88,59 @@ class Step:
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (float32 logits, greedy tokens)."""
         hidden = self.decoder.forward(self.tokens, self.batch, self.kv)
+        logits = self.decoder.logits(hidden)
+        return logits, greedy_tokens(logits, self.sampling, self.counts, self.prompt_counts, self.slots,
+                                     self.do_sample, self.slot_token)
+
+
+class MixedStep:
+    """Inputs and state of one MIXED step, as flare/model/programs.py builds it: ``p`` prompt
+    tokens in ``rows`` packed prefill rows (each after ``prefix`` cached keys; 0: fresh
+    prompts), then ``w`` decode rows at ``cached`` keys; every row's last token sampled
+    greedily. The sampled rows' logits and token choice are the decode step's."""
+
+    def __init__(self, decoder: Decoder, p: int, w: int, rows: int, prefix: int, cached: int, max_pages: int):
+        spec = decoder.spec
+        self.decoder, self.p, self.w, self.rows = decoder, p, w, rows
+        n = rows + w
+        self.kv = KVCache.allocate(spec.num_layers, n * max_pages + 1, spec.num_kv_heads, spec.head_dim,
+                                   torch.bfloat16, DEV)
+        for pool in self.kv.k + self.kv.v:
+            pool.normal_()
+        table = 1 + torch.arange(n * max_pages, device=DEV).view(n, max_pages)
+        q_len = torch.full((rows,), p // rows, device=DEV)
+        q_len[-1] += p - int(q_len.sum())
+        q_start = torch.cumsum(q_len, 0) - q_len
+        row_of = torch.repeat_interleave(torch.arange(rows, device=DEV), q_len)
+        positions = prefix + torch.arange(p, device=DEV) - q_start[row_of]
+        write = table[row_of, positions // PAGE_TOKENS] * PAGE_TOKENS + positions % PAGE_TOKENS
+        packed = PackedRows(positions=positions, q_start=q_start, q_len=q_len, page_table=table[:rows],
+                            kv_lens=prefix + q_len)
+        decode = None
+        sample = q_start + q_len - 1
+        if w:
+            dtable = table[rows:]
+            dpos = torch.full((w, 1), cached - 1, device=DEV)
+            dwrite = dtable.gather(1, dpos // PAGE_TOKENS) * PAGE_TOKENS + dpos % PAGE_TOKENS
+            decode = AttentionBatch(positions=dpos, write_index=dwrite, page_table=dtable,
+                                    kv_lens=torch.full((w,), cached, device=DEV))
+            positions = torch.cat([positions, dpos.view(-1)])
+            write = torch.cat([write, decode.write_index.view(-1)])
+            sample = torch.cat([sample, torch.arange(p, p + w, device=DEV)])
+        self.batch = PackedBatch(positions=positions.view(1, -1), write_index=write.view(1, -1), prefill=packed,
+                                 decode=decode)
+        self.sample_index = sample
+        self.tokens = torch.randint(1000, 100000, (1, p + w), device=DEV)
+        self.sampling = torch.ones(n + 1, 8, device=DEV)
+        self.sampling[:, 1:] = 0.0
+        self.counts = torch.zeros(n + 1, spec.vocab_size, dtype=torch.int32, device=DEV)
+        self.prompt_counts = torch.zeros_like(self.counts)
+        self.slots = torch.arange(n, device=DEV)
+        self.do_sample = torch.ones(n, dtype=torch.bool, device=DEV)
+        self.slot_token = torch.zeros(n + 1, dtype=torch.int64, device=DEV)
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.decoder.forward(self.tokens, self.batch, self.kv, self.sample_index)
         logits = self.decoder.logits(hidden)
         return logits, greedy_tokens(logits, self.sampling, self.counts, self.prompt_counts, self.slots,
                                      self.do_sample, self.slot_token)
@@ -532,6 +585,52 @@ def curve(decoder: Decoder, batches: list[int], args) -> int:
     return 0
 
 
+def mixed(decoder: Decoder, shapes: list[tuple[int, int]], args) -> int:
+    """Each MIXED step (p prompt tokens, w decoders) timed as a graph, beside the decode step of
+    its w rows alone at the same context: a decoder riding a prefill step should cost less
+    than the weight pass of a step of its own. With ``--profile``, each step's kernels."""
+    max_pages = args.context // PAGE_TOKENS
+    results, alone = [], {}
+    apply_variant("serving", decoder)
+    for w in sorted({w for _, w in shapes if w}):
+        step = Step(decoder, w, args.cached, max_pages)
+        graph, _ = capture(step)
+        alone[w] = min(replay_ms(graph, replays=20, runs=7) for _ in range(2))
+        print(f"  decode b{w:<4} alone at {args.cached} keys: {alone[w]:.3f} ms", flush=True)
+        del graph, step
+    plain = {}
+    for p, w in shapes:
+        rows = max(1, min(args.mixed_rows, p))
+        step = MixedStep(decoder, p, w, rows, args.mixed_prefix, args.cached, max_pages)
+        graph, _ = capture(step)
+        ms = min(replay_ms(graph, replays=10, runs=7) for _ in range(2))
+        row = dict(prompt=p, decoders=w, rows=rows, prefix=args.mixed_prefix, ms=round(ms, 3),
+                   prompt_tok_s=round(p / ms * 1e3))
+        if w == 0:
+            plain[p] = ms
+        elif p in plain:
+            row["riding_ms"] = round(ms - plain[p], 3)
+            row["decode_alone_ms"] = round(alone[w], 3)
+        results.append(row)
+        extra = (f"; {w} decoders ride for {row['riding_ms']:.3f} ms (alone {alone[w]:.3f})"
+                 if "riding_ms" in row else "")
+        print(f"  mixed p{p:<5} w{w:<4} ({rows} prefill rows, prefix {args.mixed_prefix}): {ms:.3f} ms, "
+              f"{row['prompt_tok_s']:,} prompt tok/s{extra}", flush=True)
+        if args.profile:
+            profiled = profile(graph, None, replays=3)
+            print(f"     exposed / device / idle us a step; idle in all: {sum(r[4] for r in profiled):.1f} us")
+            for kname, exposed, dur, n, idle in profiled[:16]:
+                print(f"     {exposed:9.1f} {dur:9.1f} {idle:7.1f} {n:4d}  {kname[:90]}")
+        del graph, step
+        torch.cuda.empty_cache()
+    result = dict(shape=args.shape, cached=args.cached, mixed=results)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_step_mixed.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
@@ -544,12 +643,18 @@ def main() -> int:
                         help="with --curve: the batches whose first variant is profiled")
     parser.add_argument("--curve", default="", help="batches, e.g. 1,2,4,8,16,32,64: the serving step at each "
                         "against its floor (weights + the KV it reads) at the same run's read ceiling")
+    parser.add_argument("--mixed", default="", help="MIXED steps as prompt:decoders pairs, e.g. 128:0,128:64: "
+                        "each timed beside its decoders' step alone (w rows at --cached keys)")
+    parser.add_argument("--mixed-rows", type=int, default=1, help="prefill rows sharing a mixed step's prompt tokens")
+    parser.add_argument("--mixed-prefix", type=int, default=0, help="cached keys before each prefill row")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
     args.profile_batches = {int(b) for b in args.profile_batches.split(",")}
     spec = make_spec(args.shape)
     decoder = Decoder(spec, random_runtime_weights(spec, scale=0.02, dtype=torch.bfloat16, device=DEV),
                       max_positions=args.context)
+    if args.mixed:
+        return mixed(decoder, [tuple(int(v) for v in pair.split(":")) for pair in args.mixed.split(",")], args)
     if args.curve:
         return curve(decoder, [int(b) for b in args.curve.split(",")], args)
     step = Step(decoder, args.batch, args.cached, args.context // PAGE_TOKENS)
