@@ -149,6 +149,27 @@ def test_norms(rows):
         assert torch.equal(normed, layers.rms_norm(chunk_residual + chunk, w, 1e-5)), f"add_rms_norm, {rows} tokens"
 
 
+@pytest.mark.parametrize("width", [576, 896, 1536, 2048, 3584, 4096, 5120])
+def test_prefill_variance_is_torch_reduction_bit_for_bit(width):
+    """The prefill norms sum the squares in the order torch's CUDA reduction does
+    (elementwise.torch_reduce_lanes): the variance equals transformers' bit for bit at every
+    modelled launch shape, from one row (the whole block on it) to rows past a wave."""
+    from flare.model.kernels.elementwise import ordered_variance, torch_reduce_lanes
+
+    gen = torch.Generator(device=DEV).manual_seed(width)
+    checked = 0
+    for rows in (1, 2, 3, 5, 8, 15, 16, 17, 63, 100, 511, 512, 2048, 2049):
+        if not torch_reduce_lanes(rows, width):
+            continue
+        spread = torch.exp(3 * torch.randn(rows, width, generator=gen, device=DEV))
+        x = (torch.randn(rows, width, generator=gen, device=DEV) * spread).bfloat16()
+        want = x.view(1, rows, width).float().pow(2).mean(-1, keepdim=True).view(rows)
+        got = ordered_variance(x.view(1, rows, width)).view(rows)
+        assert torch.equal(got, want), f"{rows} rows of {width}: {int((got != want).sum())} variances differ"
+        checked += 1
+    assert checked >= 10
+
+
 @pytest.mark.parametrize("b, q_len", [(64, 1), (1, 512)])
 @pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
 def test_qkv_rope_write_rounds_as_the_composite(b, q_len, norm):

@@ -122,7 +122,9 @@ def test_elementwise_kernels_compile_for_sm90(launches):
     x, w = _bf16(4, 4096), _bf16(4096, seed=1)
     kernels.rms_norm(x, w, 1e-5)
     kernels.add_rms_norm(x, _bf16(4, 4096, seed=2), w, 1e-5)
-    kernels.add_rms_norm(_bf16(2, 32, 4096), _bf16(2, 32, 4096, seed=2), w, 1e-5)  # prefill: torch's variance
+    # prefill chunks: the variance summed in torch's order, a warp a row (64 rows) or 128 lanes (3 rows)
+    kernels.add_rms_norm(_bf16(2, 32, 4096), _bf16(2, 32, 4096, seed=2), w, 1e-5)
+    kernels.rms_norm(_bf16(1, 3, 4096), w, 1e-5)
     kernels.silu_mul(_bf16(2, 2 * 14336))
     kernels.embed_rms_norm(torch.zeros(4, 1, dtype=torch.int64), _bf16(128256, 4096), w, 1e-5)
     table = torch.randn(4096, 128)
@@ -134,7 +136,8 @@ def test_elementwise_kernels_compile_for_sm90(launches):
                                    pool, pool.clone())
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
-    assert {"_rms_norm_kernel", "_silu_mul_kernel", "_qkv_rope_write_kernel"} <= set(names), names
+    expected = {"_rms_norm_kernel", "_rms_norm_ordered_kernel", "_silu_mul_kernel", "_qkv_rope_write_kernel"}
+    assert expected <= set(names), names
     # Rounded as the torch reference rounds: no contracted multiply-add may skip the
     # rounding of a product (a bf16 FMA did, in RoPE, before fusion was turned off), and
     # SiLU divides with the correctly rounded division torch's kernel uses.
@@ -142,6 +145,8 @@ def test_elementwise_kernels_compile_for_sm90(launches):
         for text in texts:
             assert "fma.rn.bf16" not in text, f"{name}: a bf16 multiply-add skips a rounding point"
     assert all("div.rn.f32" in text for text in ptx["_silu_mul_kernel"]), "silu_mul: approximate division"
+    # torch squares, then sums: a contracted square-and-add would skip the square's rounding
+    assert not any("fma.rn.f32" in text for text in ptx["_rms_norm_ordered_kernel"]), "ordered norm: fused square-add"
 
 
 def test_gemv_kernels_compile_for_sm90(launches):
@@ -336,3 +341,15 @@ def test_slot_bookkeeping_kernels_compile_for_sm90(launches):
     names = _compile_all(launches)
     assert {"_decode_inputs_kernel", "_commit_kernel", "_verification_inputs_kernel", "_verification_commit_kernel",
             "_block_max_kernel"} <= set(names), names
+
+
+def test_prefill_norm_holds_its_row_without_spilling(launches, monkeypatch, capfd):
+    """The ordered prefill norm loads a whole 4,096-wide row (and its residual) before summing
+    it: that must fit in registers, as a real launch specializes it."""
+    monkeypatch.setattr(triton.knobs.nvidia, "dump_ptxas_log", True)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    kernels.add_rms_norm(_bf16(1, 2048, 4096), _bf16(1, 2048, 4096, seed=2), _bf16(4096, seed=1), 1e-5)
+    capfd.readouterr()
+    assert _compile_all(launches, specialize=True) == ["_rms_norm_ordered_kernel"]
+    log = capfd.readouterr().out
+    assert re.findall(r"(\d+) bytes spill stores", log) == ["0"] and "0 bytes spill loads" in log, log

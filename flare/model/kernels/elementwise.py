@@ -18,6 +18,7 @@ write fresh contiguous outputs.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
@@ -98,6 +99,80 @@ def _rms_norm_kernel(
         normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)  # layers.rms_norm casts before the weight
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + out_offs, (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fold_halves(v, n: tl.constexpr, BLOCK_R: tl.constexpr):
+    """[BLOCK_R, n] -> [BLOCK_R, n / 2]: lane i plus lane i + n / 2."""
+    lo, hi = tl.split(tl.permute(tl.reshape(v, (BLOCK_R, 2, n // 2)), (0, 2, 1)))
+    return lo + hi
+
+
+@triton.jit
+def _rms_norm_ordered_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, var_ptr,
+    num_rows, inner, width, factor, eps,
+    s_xo, s_xi, s_ro, s_ri,
+    HAS_RESIDUAL: tl.constexpr, VARIANCE_OUT: tl.constexpr, LANES: tl.constexpr, STEPS: tl.constexpr,
+    FOLDS: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr,
+):
+    """RMSNorm of a prefill chunk's rows with the mean of squares summed in the order of
+    torch's CUDA reduction of ``x.float().pow(2).mean(-1)`` (see torch_reduce_lanes): LANES
+    threads share a row, lane l reading 4-element vectors l, l + LANES, ... into four
+    accumulators (one per vector element) combined left to right; then the lanes fold in
+    halves (lane l plus lane l + n / 2) down to one, through shared memory and then the
+    warp's shuffles. The sum times ``factor`` (1 / width as torch computes it) is the
+    variance. A chunk of LANES vectors is one loop step."""
+    wait_for_inputs(PDL)
+    CHUNK: tl.constexpr = LANES * 4
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < num_rows
+    outer = (rows // inner).to(tl.int64)
+    within = rows % inner
+    x_row = (outer * s_xo + within * s_xi)[:, None]
+    r_row = (outer * s_ro + within * s_ri)[:, None]
+    out_row = rows.to(tl.int64)[:, None] * width
+    # Every chunk's loads are issued before the first sum waits on one (a load-then-add per
+    # chunk left 32 memory latencies in a row: 48 us over 2,048 tokens, H200).
+    xs = ()
+    rs = ()
+    for step in tl.static_range(STEPS):
+        cols = step * CHUNK + tl.arange(0, CHUNK)
+        mask = row_ok[:, None] & (cols < width)[None, :]
+        xs = xs + (tl.load(x_ptr + x_row + cols[None, :], mask=mask, other=0.0),)
+        if HAS_RESIDUAL:
+            rs = rs + (tl.load(res_ptr + r_row + cols[None, :], mask=mask, other=0.0),)
+    acc = tl.zeros((BLOCK_R, CHUNK), tl.float32)
+    kept = ()  # the row's chunks (the residual sums), held for the normalisation
+    for step in tl.static_range(STEPS):
+        x = xs[step]
+        if HAS_RESIDUAL:
+            cols = step * CHUNK + tl.arange(0, CHUNK)
+            mask = row_ok[:, None] & (cols < width)[None, :]
+            # The reference adds in the activation dtype: round the sum before normalising.
+            x = (x.to(tl.float32) + rs[step].to(tl.float32)).to(x.dtype)
+            tl.store(res_out_ptr + out_row + cols[None, :], x, mask=mask)
+        kept = kept + (x,)
+        xf = x.to(tl.float32)
+        acc += xf * xf  # masked columns add an exact 0: a lane past the row's end keeps its sum
+    v01, v23 = tl.split(tl.reshape(acc, (BLOCK_R, LANES, 2, 2)))  # vector elements (0, 2) and (1, 3)
+    v0, v2 = tl.split(v01)
+    v1, v3 = tl.split(v23)
+    lane = ((v0 + v1) + v2) + v3
+    for i in tl.static_range(FOLDS):  # shared memory down to a warp, then its shuffles: halves each time
+        lane = _fold_halves(lane, LANES >> i, BLOCK_R)
+    variance = tl.reshape(lane, (BLOCK_R,)) * factor
+    if VARIANCE_OUT:
+        tl.store(var_ptr + rows, variance, mask=row_ok)
+    rstd = libdevice.rsqrt(variance + eps)
+    for step in tl.static_range(STEPS):
+        cols = step * CHUNK + tl.arange(0, CHUNK)
+        col_ok = cols < width
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = kept[step]
+        normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)  # rounded before the weight
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + out_row + cols[None, :], (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -272,18 +347,81 @@ def _norm(kernel: str, x: torch.Tensor, residual: torch.Tensor | None, weight: t
     if not is_prefill_chunk(x):
         launch(x, residual)
         return out, res_out
-    # A prefill chunk: the kernel writes the residual sum and its fp32 squares, torch
-    # reduces them (transformers' RMSNorm reduces x.float().pow(2) of the same shape,
-    # hence in the same order), and the kernel normalises with that variance, so the
-    # rows are bit-identical to transformers'. Reduced in the kernel instead, a few rows'
-    # fp32 variance moves by an ulp; that flips a bf16 rounding in about 1e-5 of the
-    # elements, enough to change 2.5% of the teacher-forced argmaxes of a random-weight
-    # Llama-3-8B (H200, 2026-11-30). Decode steps ([B, 1, N]) keep the one-pass kernel:
-    # two more launches per norm would cost a batch-64 step several percent.
+    # A prefill chunk's variance must be the one transformers' RMSNorm gets from torch's
+    # reduction of x.float().pow(2): reduced in another order, a few rows' fp32 variance
+    # moves by an ulp; that flips a bf16 rounding in about 1e-5 of the elements, enough to
+    # change 2.5% of the teacher-forced argmaxes of a random-weight Llama-3-8B (H200,
+    # 2026-11-30). Decode steps ([B, 1, N]) keep the one-pass kernel (tl.sum's order).
+    lanes = torch_reduce_lanes(num_rows, width)
+    if lanes:
+        x3 = _lead_view(x, 1)
+        r3 = _lead_view(residual, 1) if residual is not None else x3
+        _launch_ordered_norm(x3, r3, weight, out, res_out if res_out is not None else out, None, num_rows, lanes, eps,
+                             has_residual=residual is not None)
+        return out, res_out
+    # Launch shapes the ordered kernel does not model: the kernel writes the residual sum
+    # and its fp32 squares, torch reduces them, and the kernel normalises with that.
     squares = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     launch(x, residual, squares=squares)
     launch(res_out if res_out is not None else x, None, variance=squares.mean(-1))
     return out, res_out
+
+
+# Rows a program of the ordered prefill norm takes (tools/bench_kernels.py --only elementwise).
+NORM_ORDERED_ROWS = 1
+NORM_ORDERED_WARPS = 0  # 0: a warp per 256 elements of a chunk's tile
+_REDUCE_THREADS = 512  # torch's Reduce.cuh: the most threads of a reduction block
+_REDUCE_VEC = 4  # fp32 elements a thread loads at once when reducing the fastest dimension
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def torch_reduce_lanes(rows: int, width: int) -> int:
+    """Threads torch's CUDA reduction gives each row of ``x.mean(-1)`` over a contiguous fp32
+    ``[rows, width]``, or 0 where its order is not the one _rms_norm_ordered_kernel follows.
+
+    Facts of torch's reduce launch (aten/src/ATen/native/cuda/Reduce.cuh, setReduceConfig;
+    the same through torch 2.11, and checked bit for bit against torch on the H200 by
+    tests/gpu/test_kernels.py): rows wider than 128 are read in 4-element vectors, so a
+    row is width / 4 vectors; a block is at most 512 threads, min(32, vectors rounded down
+    to a power of two) across a row first, then up to 16 rows (the row count rounded down
+    to a power of two), then the row's threads widened to fill 512. A thread's share of
+    the row is not split further (across warps or blocks) while it stays below 16 x the
+    block's rows and below 256 values; past that the order changes, and 0 is returned.
+    """
+    if width <= 128 or width % _REDUCE_VEC:
+        return 0
+    vectors = width // _REDUCE_VEC
+    across = _REDUCE_THREADS if vectors >= _REDUCE_THREADS else _last_pow2(vectors)
+    down = _REDUCE_THREADS if rows >= _REDUCE_THREADS else _last_pow2(rows)
+    height = min(down, _REDUCE_THREADS // min(across, 32))
+    lanes = min(across, _REDUCE_THREADS // height)
+    per_thread = -(-width // lanes)
+    if per_thread >= height * 16 or per_thread >= 256:
+        return 0
+    return lanes
+
+
+def _launch_ordered_norm(x, res, weight, out, res_out, variance, num_rows: int, lanes: int, eps: float, *,
+                         has_residual: bool) -> None:
+    """One _rms_norm_ordered_kernel launch over ``num_rows`` rows of [outer, inner, width]
+    views ``x`` and ``res``; ``variance`` (fp32 [rows]) also receives each row's variance."""
+    width = weight.shape[0]
+    chunk = lanes * _REDUCE_VEC
+    block_r = max(1, min(NORM_ORDERED_ROWS, next_power_of_2(num_rows)))
+    factor = float(np.float32(num_rows) / np.float32(num_rows * width))  # torch's MeanOps factor, in fp32
+    pdl = pdl_level(out)
+    _rms_norm_ordered_kernel[(triton.cdiv(num_rows, block_r),)](
+        x, res, weight, out, res_out, variance if variance is not None else out,
+        num_rows, x.shape[1], width, factor, float(eps),
+        x.stride(0), x.stride(1), res.stride(0), res.stride(1),
+        HAS_RESIDUAL=has_residual, VARIANCE_OUT=variance is not None, LANES=lanes, STEPS=-(-width // chunk),
+        FOLDS=lanes.bit_length() - 1, BLOCK_R=block_r, PDL=pdl,
+        num_warps=NORM_ORDERED_WARPS or max(1, min(8, block_r * chunk // 256)), enable_fp_fusion=False,
+        **pdl_options(pdl),
+    )
 
 
 def _launch_norm(x, res, weight, out, res_out, stats, tokens, num_rows: int, inner: int, eps: float, vocab: int,
@@ -343,6 +481,26 @@ def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tens
                  table.stride(0), 0, 0, 0, has_residual=False, has_variance=False, squares_only=False, gather=True,
                  chain_start=True)
     return out, x
+
+
+def ordered_variance(x: torch.Tensor) -> torch.Tensor:
+    """The fp32 variance (mean of squares) of each row of ``x`` [..., N] as the prefill
+    norms compute it: ``x.float().pow(2).mean(-1)`` summed in torch's CUDA order. For
+    checks against torch itself (tests/gpu); raises where that order is not modelled."""
+    kernel = "ordered_variance"
+    require(x.dim() >= 2 and x.numel() > 0, kernel, f"x must be a non-empty [..., N], got {tuple(x.shape)}")
+    require_float(kernel, "x", x)
+    require_inner_contiguous(kernel, "x", x)
+    width = x.shape[-1]
+    num_rows = x.numel() // width
+    lanes = torch_reduce_lanes(num_rows, width)
+    require(lanes > 0, kernel, f"torch's reduction order over {num_rows} rows of {width} is not modelled")
+    weight = torch.ones(width, dtype=x.dtype, device=x.device)
+    x3 = _lead_view(x, 1)
+    variance = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    out = torch.empty_like(x)
+    _launch_ordered_norm(x3, x3, weight, out, out, variance, num_rows, lanes, 1e-6, has_residual=False)
+    return variance
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -451,4 +609,5 @@ def qkv_rope_write(qkv: torch.Tensor, num_heads: int, q_norm: torch.Tensor | Non
     return q
 
 
-__all__ = ["add_rms_norm", "check_rope_targets", "embed_rms_norm", "qkv_rope_write", "rms_norm", "silu", "silu_mul"]
+__all__ = ["add_rms_norm", "check_rope_targets", "embed_rms_norm", "ordered_variance", "qkv_rope_write", "rms_norm",
+           "silu", "silu_mul", "torch_reduce_lanes"]

@@ -6,6 +6,7 @@ is bit-identical; the rest differ by one bf16 ulp (fp32 sums in another order).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +81,57 @@ def test_prefill_norms_take_torch_variance():
     normed, new_residual = add_rms_norm(x, residual, w, 1e-5)
     assert torch.equal(new_residual, residual + x)
     assert_matches("add_rms_norm", normed, layers.rms_norm(residual + x, w, 1e-5))
+
+
+def cuda_order_mean_of_squares(x: torch.Tensor, lanes: int) -> np.ndarray:
+    """``x.float().pow(2).mean(-1)`` for rows [rows, N] summed as torch's CUDA reduce kernel
+    sums a contiguous fp32 row (elementwise.torch_reduce_lanes): lane l accumulates vectors
+    l, l + lanes, ... of 4 elements, one fp32 accumulator per vector element, combined
+    ((a0 + a1) + a2) + a3; then lane l plus lane l + n / 2 until one is left."""
+    sq = x.float().numpy().astype(np.float32) ** 2
+    rows, width = sq.shape
+    vectors = sq.reshape(rows, width // 4, 4)
+    acc = np.zeros((rows, lanes, 4), np.float32)
+    for start in range(0, width // 4, lanes):
+        take = min(lanes, width // 4 - start)
+        acc[:, :take] += vectors[:, start:start + take]
+    lane = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
+    while lane.shape[1] > 1:
+        half = lane.shape[1] // 2
+        lane = lane[:, :half] + lane[:, half:]
+    factor = np.float32(rows) / np.float32(rows * width)
+    return lane[:, 0] * factor
+
+
+@pytest.mark.parametrize("rows,width", [(1, 1024), (3, 576), (9, 768), (21, 256), (40, 1280)],
+                         ids=["one-row-256-lanes", "3-rows", "9-rows", "21-rows", "40-rows-ragged-last-step"])
+def test_prefill_variance_sums_in_torch_cuda_order(rows, width):
+    """The prefill norms' variance is summed in torch's CUDA order (bit-exact against torch
+    on the GPU: tests/gpu); under the interpreter, against that order written out in numpy."""
+    from flare.model.kernels.elementwise import ordered_variance, torch_reduce_lanes
+
+    gen = torch.Generator().manual_seed(rows)
+    # Magnitudes spread over decades, so an order change moves the fp32 sums.
+    x = (torch.randn(rows, width, generator=gen) * torch.exp(3 * torch.randn(rows, width, generator=gen))).bfloat16()
+    lanes = torch_reduce_lanes(rows, width)
+    assert lanes
+    got = ordered_variance(x).numpy()
+    want = cuda_order_mean_of_squares(x, lanes)
+    assert np.array_equal(got, want), f"{int((got != want).sum())} of {rows} rows differ"
+    # and the order is not tl.sum's or numpy's: the check would catch a change of order
+    plain = (x.float() ** 2).mean(-1).numpy()
+    assert rows < 9 or not np.array_equal(plain, want)
+
+
+def test_torch_reduce_lanes_follows_the_launch_shape():
+    from flare.model.kernels.elementwise import torch_reduce_lanes
+
+    assert torch_reduce_lanes(2048, 4096) == 32  # 16 rows a block, a warp a row
+    assert torch_reduce_lanes(1, 4096) == 512  # one row: the whole block on it
+    assert torch_reduce_lanes(4, 4096) == 128
+    assert torch_reduce_lanes(8, 128) == 0  # 128 and narrower: not vectorized
+    assert torch_reduce_lanes(64, 8192) == 0  # 256 values a thread: split across warps
+    assert torch_reduce_lanes(64, 4098) == 0  # not whole vectors
 
 
 @pytest.mark.parametrize("shape", [(3, 2, 600), (4, 2 * 1100)], ids=["3d", "2d-two-blocks"])
