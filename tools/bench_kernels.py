@@ -21,9 +21,12 @@ Sections (all by default, or pick with --only):
               graph, through the `linear` selector against F.linear: the weight-streaming
               floor of a decode step
 --sweep gemv,attention times grids of launch shapes (GemvConfig per GEMV shape;
-decode split counts and stages; prefill block shapes) and prints the best.
+decode split counts and stages; prefill block shapes, also over packed rows, with and
+without the unmasked steps) and prints the best; --sweep prefill times the prefill part
+alone.
 
-    python tools/bench_kernels.py [--only attention,elementwise,gemv,step] [--sweep gemv,attention] [--json PATH]
+    python tools/bench_kernels.py [--only attention,elementwise,gemv,step] [--sweep gemv,attention,prefill]
+                                  [--json PATH]
 
 The last line printed is one JSON object.
 """
@@ -404,14 +407,20 @@ def sweep_configs(m: int) -> list[GemvConfig]:
     return configs
 
 
-def bench_attention_sweep(results: dict) -> None:
-    """Decode split counts and stages, prefill launch shapes."""
-    from flare.model.kernels import AttentionLaunch, paged_decode_attention, paged_prefill_attention
+def bench_attention_sweep(results: dict, *, decode: bool = True) -> None:
+    """Decode split counts and stages (unless ``decode`` is False), prefill launch shapes."""
+    from flare.model.attention import PackedRows
+    from flare.model.kernels import (
+        AttentionLaunch,
+        packed_rows_attention,
+        paged_decode_attention,
+        paged_prefill_attention,
+    )
     gen = torch.Generator(device=DEV).manual_seed(3)
     scale = D ** -0.5
     table = {}
     print("\n== attention sweep: decode (splits / stages), us per call ==")
-    for b, ctx in ((1, 1024), (1, 8192), (8, 8192), (32, 1024), (64, 8192)):
+    for b, ctx in ((1, 1024), (1, 8192), (8, 8192), (32, 1024), (64, 8192)) if decode else ():
         copies = rotations(2 * b * ctx * HKV * D * 2)
         k_pool, v_pool, batches, qs = _decode_inputs(b, ctx, copies, gen)
         found = {}
@@ -440,22 +449,48 @@ def bench_attention_sweep(results: dict) -> None:
         positions = (prefix + torch.arange(q_len, device=DEV)).view(1, q_len)
         bt = AttentionBatch(positions, positions, table_, torch.tensor([ctx], device=DEV))
         q = torch.randn(1, q_len, H, D, device=DEV, generator=gen, dtype=torch.bfloat16)
-        found = {}
-        for bm, warps in ((64, 4), (128, 8)):
-            for pps in (1, 2):
-                for st in (2, 3):
-                    launch = AttentionLaunch(block_m=bm, num_warps=warps, num_stages=st, pages_per_step=pps, waves=2)
+        table[f"prefill_q{q_len}_prefix{prefix}"] = _prefill_shapes(
+            f"Q={q_len} prefix={prefix}", lambda launch: paged_prefill_attention(q, k_pool, v_pool, bt, scale,
+                                                                                 launch=launch))
+    # A MIXED step's packed rows: two fresh 1,024-token prompts, and four 512-token chunks over
+    # 1,536 cached tokens each (packed_rows_attention, what the serving steps launch).
+    for rows_n, q_len, prefix in ((2, 1024, 0), (4, 512, 1536)):
+        ctx = prefix + q_len
+        pages = -(-ctx // PAGE)
+        k_pool = torch.randn(1 + rows_n * pages, PAGE, HKV, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+        v_pool = torch.randn_like(k_pool)
+        page_table = torch.zeros(rows_n, PMAX, dtype=torch.int64, device=DEV)
+        page_table[:, :pages] = torch.arange(1, 1 + rows_n * pages, device=DEV).view(rows_n, pages)
+        lens = torch.full((rows_n,), q_len, dtype=torch.int64, device=DEV)
+        rows = PackedRows(positions=(prefix + torch.arange(q_len, device=DEV)).repeat(rows_n),
+                          q_start=torch.arange(rows_n, device=DEV) * q_len, q_len=lens, page_table=page_table,
+                          kv_lens=torch.full((rows_n,), ctx, dtype=torch.int64, device=DEV))
+        q = torch.randn(rows_n * q_len, H, D, device=DEV, generator=gen, dtype=torch.bfloat16)
+        table[f"packed_{rows_n}x{q_len}_prefix{prefix}"] = _prefill_shapes(
+            f"packed {rows_n} x {q_len} prefix={prefix}",
+            lambda launch: packed_rows_attention(q, k_pool, v_pool, rows, scale, launch=launch))
+    results["attention_sweep"] = table
+
+
+def _prefill_shapes(label: str, call) -> dict[str, float]:
+    """us per call of ``call(launch)`` over the prefill launch shapes, printed best first."""
+    from flare.model.kernels import AttentionLaunch
+    found = {}
+    for bm, warps in ((64, 4), (128, 4), (128, 8)):
+        for pps in (1, 2):
+            for st in (2, 3):
+                for unmasked in (False, True):
+                    launch = AttentionLaunch(block_m=bm, num_warps=warps, num_stages=st, pages_per_step=pps, waves=2,
+                                             unmasked_steps=unmasked)
                     try:
-                        found[str(launch)] = graph_us([lambda: paged_prefill_attention(q, k_pool, v_pool, bt, scale,
-                                                                                       launch=launch)])
+                        found[str(launch)] = graph_us([lambda: call(launch)])
                     except Exception as exc:
                         print(f"  skip {launch}: {type(exc).__name__}: {str(exc)[:100]}")
-        best = min(found, key=found.get)
-        print(f"  Q={q_len} prefix={prefix}: best {found[best]:.2f} us with {best}")
-        for name, us in sorted(found.items(), key=lambda kv: kv[1]):
-            print(f"      {us:9.2f}  {name}")
-        table[f"prefill_q{q_len}_prefix{prefix}"] = found
-    results["attention_sweep"] = table
+    best = min(found, key=found.get)
+    print(f"  {label}: best {found[best]:.2f} us with {best}")
+    for name, us in sorted(found.items(), key=lambda kv: kv[1]):
+        print(f"      {us:9.2f}  {name}")
+    return found
 
 
 def bench_sweep(ceiling: float, results: dict, weights, gen, budget_s: float, rows=(1, 8)) -> None:
@@ -497,7 +532,9 @@ def bench_sweep(ceiling: float, results: dict, weights, gen, budget_s: float, ro
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="attention,elementwise,gemv,step")
-    parser.add_argument("--sweep", default="", help="comma list of gemv,attention: time launch-shape grids")
+    parser.add_argument("--sweep", default="",
+                        help="comma list of gemv,attention,prefill (attention without its decode part): "
+                        "time launch-shape grids")
     parser.add_argument("--sweep-budget-s", type=float, default=240.0)
     parser.add_argument("--rows", default="1,2,4,8", help="M values of the gemv section")
     parser.add_argument("--sweep-rows", default="1,8", help="M values of the gemv sweep")
@@ -518,8 +555,8 @@ def main() -> None:
         if "elementwise" in sections:
             bench_elementwise(ceiling, results)
         sweeps = set(filter(None, args.sweep.split(",")))
-        if "attention" in sweeps:
-            bench_attention_sweep(results)
+        if sweeps & {"attention", "prefill"}:
+            bench_attention_sweep(results, decode="attention" in sweeps)
         if sections & {"gemv", "step"} or "gemv" in sweeps:
             gen = torch.Generator(device=DEV).manual_seed(2)
             weights = _weights(gen)

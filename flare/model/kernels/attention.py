@@ -90,7 +90,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, UNMASKED_STEPS: tl.constexpr,
 ):
     # MERGE_IN_KERNEL (with NUM_SPLITS > 1): no merge kernel. Of a (row, kv head, block),
     # only the splits that hold keys take part: one alone writes the output, several
@@ -179,7 +179,20 @@ def _paged_attention_kernel(
             prob, alpha, m_i, l_i = _scores(q, k_first, first, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
             acc = acc * alpha[:, None] + tl.dot(prob.to(v_first.dtype), v_first, input_precision=PRECISION)
         start = first + 1
-    for step in range(start, last):
+    masked_from = start
+    if UNMASKED_STEPS:
+        # Steps whose every key all of the block's rows see (below the causal diagonal and
+        # the row's length) skip the visibility mask: the same sums, less work a tile.
+        # Rows outside the block's tokens hold q = 0 and are never stored.
+        seen_by_all = tl.min(tl.where(row_ok, limit, max_pages * PAGE), axis=0) // BLOCK_N
+        masked_from = tl.minimum(tl.maximum(seen_by_all, start), last)
+        for step in range(start, masked_from):
+            page = _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
+            k = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, True)
+            prob, alpha, m_i, l_i = _visible_scores(q, k, m_i, l_i, qk_scale, PRECISION)
+            v = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, True)
+            acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+    for step in range(masked_from, last):
         page = _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
         k = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, True)
         prob, alpha, m_i, l_i = _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
@@ -260,6 +273,16 @@ def _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N: tl.constexpr
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     prob = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
+    return prob, alpha, m_new, l_i * alpha + tl.sum(prob, axis=1)
+
+
+@triton.jit
+def _visible_scores(q, k, m_i, l_i, qk_scale, PRECISION: tl.constexpr):
+    """:func:`_scores` over a step whose keys every row sees (no mask)."""
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    prob = tl.exp2(s - m_new[:, None])
     return prob, alpha, m_new, l_i * alpha + tl.sum(prob, axis=1)
 
 
@@ -376,6 +399,9 @@ class AttentionLaunch:
     # the last split merging it won at 192 cached keys (batch 32 4.752 against 4.850 ms a
     # step) and lost at 1,024 (batch 64 6.976 against 6.822; TUNING.md, "Context splits").
     min_split_steps: int = 1
+    # Steps every query row of the block sees whole (below the causal diagonal) run
+    # without the visibility mask (prefill; a decode row's steps are all but the last).
+    unmasked_steps: bool = False
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -383,7 +409,7 @@ class AttentionLaunch:
 # x 3 stages beat 128-row blocks, 8 warps and two pages per step everywhere but a
 # 64-token chunk (Q=2048 fresh: 144 us vs 170; Q=512 over 4k: 117 us vs 159).
 DECODE_LAUNCH = AttentionLaunch(num_warps=4, num_stages=3, waves=DECODE_WAVES)
-PREFILL_LAUNCH = AttentionLaunch(block_m=64, num_warps=4, num_stages=3, waves=PREFILL_WAVES)
+PREFILL_LAUNCH = AttentionLaunch(block_m=64, num_warps=4, num_stages=3, waves=PREFILL_WAVES, unmasked_steps=True)
 
 
 def _check(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -418,7 +444,8 @@ def _check(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
 
 def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
-            scale: float, *, launch: AttentionLaunch, num_splits: int | None) -> torch.Tensor:
+            scale: float, *, launch: AttentionLaunch, num_splits: int | None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     _check(kernel, q, k_pool, v_pool, batch)
     b, nq, h, d = q.shape
     num_pages, _, hkv, _ = k_pool.shape
@@ -433,7 +460,10 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     if num_splits is None:
         num_splits = choose_num_splits(b, hkv, num_blocks, max_pages, q.device, waves=launch.waves)
     require(1 <= num_splits <= MAX_SPLITS, kernel, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-    out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
+    require(tuple(out.shape) == (b, nq, h, d) and out.dtype == q.dtype and out.stride(3) == 1, kernel,
+            f"out must be a [B, Q, H, D] = {(b, nq, h, d)} {q.dtype} view with contiguous heads")
     counters = _counters(q.device, num_blocks * b * hkv) if num_splits > 1 and launch.merge_in_kernel else None
     if num_splits > 1:
         part_o = torch.empty((num_splits, b, nq, h, d), dtype=torch.float32, device=q.device)
@@ -462,7 +492,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
         PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
         NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None,
-        PRELOAD=preload, PDL=pdl, VARLEN=False,
+        PRELOAD=preload, PDL=pdl, VARLEN=False, UNMASKED_STEPS=launch.unmasked_steps,
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
     )
     if num_splits > 1 and counters is None:
@@ -479,8 +509,9 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
                            scale: float, *, num_splits: int | None = None,
-                           launch: AttentionLaunch | None = None) -> torch.Tensor:
-    """Decode attention, q ``[B, 1, H, D]`` -> ``[B, 1, H, D]`` (flash-decoding).
+                           launch: AttentionLaunch | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention, q ``[B, 1, H, D]`` -> ``[B, 1, H, D]`` (flash-decoding), written
+    into ``out`` when given (a view with contiguous heads: a packed step's decode rows).
 
     One program per (row, kv head, split) holds all ``H / Hkv`` query heads of the
     group, padded to 16 rows for the tensor-core dot. ``num_splits`` overrides the
@@ -503,7 +534,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     """
     require(q.dim() == 4 and q.shape[1] == 1, "paged_decode_attention", f"q must be [B, 1, H, D], got {tuple(q.shape)}")
     return _launch("paged_decode_attention", q, k_pool, v_pool, batch, scale, launch=launch or DECODE_LAUNCH,
-                   num_splits=num_splits)
+                   num_splits=num_splits, out=out)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
@@ -561,8 +592,10 @@ def _row_blocks(rows: PackedRows, group: int, block_m: int) -> tuple[torch.Tenso
 
 
 def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: PackedRows,
-                          scale: float, *, launch: AttentionLaunch | None = None) -> torch.Tensor:
-    """Packed prefill rows, q ``[p, H, D]`` -> ``[p, H, D]`` (zeros where no row owns a token).
+                          scale: float, *, launch: AttentionLaunch | None = None,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed prefill rows, q ``[p, H, D]`` -> ``[p, H, D]`` (zeros where no row owns a token;
+    with ``out``, written there, whose unowned tokens the caller has zeroed).
 
     Contract: :func:`flare.model.attention.packed_rows_reference`. One program per (query
     block, row, kv head) as for a chunk, the row's queries found at ``rows.q_start`` in the
@@ -590,7 +623,10 @@ def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
     group = h // hkv
     block_m = launch.block_m or 64
     block_row, block_idx = _row_blocks(rows, group, block_m)
-    out = torch.zeros((p, h, d), dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.zeros((p, h, d), dtype=q.dtype, device=q.device)
+    require(tuple(out.shape) == (p, h, d) and out.dtype == q.dtype and out.stride(2) == 1, kernel,
+            f"out must be a [p, H, D] = {(p, h, d)} {q.dtype} view with contiguous heads")
     pdl = pdl_level(q)
     _paged_attention_kernel[(block_row.shape[0], hkv, 1)](
         q, k_pool, v_pool, out, out, out, out,
@@ -604,7 +640,8 @@ def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)), BLOCK_M=block_m,
         PAGE=PAGE_TOKENS, PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
         NUM_SPLITS=1, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=False, PRELOAD=False, PDL=pdl,
-        VARLEN=True, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
+        VARLEN=True, UNMASKED_STEPS=launch.unmasked_steps, num_warps=launch.num_warps,
+        num_stages=launch.num_stages, **pdl_options(pdl),
     )
     return out
 
@@ -613,13 +650,17 @@ def packed_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
                      scale: float) -> torch.Tensor:
     """Drop-in for ``packed_attention_reference``: the packed rows with
     :func:`packed_rows_attention`, the decode cohort with the decode kernel (its own context
-    splits; no preload, since this step's metadata comes from torch ops in the chain)."""
+    splits; no preload, since this step's metadata comes from torch ops in the chain). Both
+    write into one output: the packed rows' tokens zeroed first (tokens no row owns stay 0),
+    the decode rows after them written whole by their kernel (no concatenation copy)."""
     p = batch.prefill.positions.shape[0]
-    parts = [packed_rows_attention(q[0, :p], k_pool, v_pool, batch.prefill, scale)]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out[0, :p].zero_()
+    packed_rows_attention(q[0, :p], k_pool, v_pool, batch.prefill, scale, out=out[0, :p])
     if batch.decode is not None:
-        parts.append(paged_decode_attention(q[0, p:].unsqueeze(1), k_pool, v_pool, batch.decode, scale,
-                                            launch=replace(DECODE_LAUNCH, preload=False))[:, 0])
-    return torch.cat(parts).unsqueeze(0)
+        paged_decode_attention(q[0, p:].unsqueeze(1), k_pool, v_pool, batch.decode, scale,
+                               launch=replace(DECODE_LAUNCH, preload=False), out=out[0, p:].unsqueeze(1))
+    return out
 
 
 __all__ = ["AttentionLaunch", "DECODE_LAUNCH", "PREFILL_LAUNCH", "MAX_SPLITS", "PAGE_TOKENS", "choose_num_splits",

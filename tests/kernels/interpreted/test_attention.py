@@ -271,7 +271,7 @@ def test_packed_attention_runs_the_decode_cohort_beside_the_rows():
     num_new = [40, 3]
     rows_case = build_case(kv_lens=[40, 100], q_len=40, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=3,
                            dtype=torch.bfloat16, seed=12, num_new=num_new)
-    q_rows, rows = _packed_rows(rows_case, num_new, pad_tokens=0)
+    q_rows, rows = _packed_rows(rows_case, num_new, pad_tokens=5)
     dec = build_case(kv_lens=[1, 129, 65], q_len=1, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=3,
                      dtype=torch.bfloat16, seed=13)
     # one pool for both: the decode rows' pages are appended after the rows' pages
@@ -288,3 +288,31 @@ def test_packed_attention_runs_the_decode_cohort_beside_the_rows():
     want = packed_attention_reference(q, k_pool, v_pool, batch, rows_case.scale)
     assert got.shape == want.shape == (1, n + 3, 4, 32)
     assert (got.float() - want.float()).abs().max() <= tolerance(torch.bfloat16)[0]
+    # one output for both parts: tokens no row owns (between the rows and the cohort) stay 0
+    assert torch.equal(got[0, sum(num_new):n], torch.zeros_like(got[0, sum(num_new):n]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_unmasked_steps_change_no_bit(dtype):
+    """Steps every row of a block sees whole skip the visibility mask: the same sums, so under
+    the interpreter the outputs are the masked kernel's bit for bit, for chunks (with splits)
+    and for packed rows (compiled, the two may round apart: tests/gpu checks them close)."""
+    from dataclasses import replace
+
+    from flare.model.kernels import PREFILL_LAUNCH, packed_rows_attention
+
+    num_new = [128, 30, 0]
+    case = build_case(kv_lens=[300, 190, 0], q_len=128, num_heads=4, num_kv_heads=2, head_dim=32, max_pages=5,
+                      dtype=dtype, seed=21, num_new=num_new, padding_rows=(2,))
+    masked, unmasked = (replace(PREFILL_LAUNCH, unmasked_steps=flag) for flag in (False, True))
+    for splits in (1, 2):
+        want = paged_prefill_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=splits,
+                                       launch=masked)
+        got = paged_prefill_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=splits,
+                                      launch=unmasked)
+        assert torch.equal(got, want), f"splits={splits}"
+        check_attention("paged_prefill_attention (unmasked steps)", got, case)
+    q, rows = _packed_rows(case, num_new, pad_tokens=3)
+    want = packed_rows_attention(q, case.k_pool, case.v_pool, rows, case.scale, launch=masked)
+    got = packed_rows_attention(q, case.k_pool, case.v_pool, rows, case.scale, launch=unmasked)
+    assert torch.equal(got, want)
