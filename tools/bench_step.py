@@ -14,6 +14,7 @@ summed device time.
 
     python tools/bench_step.py [--shape llama3-8b] [--batch 1] [--cached 192]
                                [--variants serving,no_pdl,unfused] (see VARIANTS) [--profile]
+    python tools/bench_step.py --mixed 2048:0,1024:64 --mixed-rows 2 --cached 1152 --context 2048 [--sustained 5]
 """
 
 from __future__ import annotations
@@ -585,10 +586,39 @@ def curve(decoder: Decoder, batches: list[int], args) -> int:
     return 0
 
 
+def sustained(graph: torch.cuda.CUDAGraph, seconds: float) -> tuple[float, float]:
+    """(ms of one replay after 0.3 s idle, the median of ten; ms a replay back to back for
+    ``seconds``, the median of the second half). Under a long run of large GEMMs the H200
+    holds its power cap by lowering its clock: the first figure is the burst, the second
+    what a loaded server gets (docs/benchmarks.md, 2026-12-04)."""
+    import time
+
+    def timed(replays: int) -> list[float]:
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
+        events[0].record()
+        for e in events[1:]:
+            graph.replay()
+            e.record()
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+    idle = []
+    for _ in range(10):
+        time.sleep(0.3)
+        idle += timed(1)
+    loaded = []
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        loaded += timed(10)
+    half = sorted(loaded[len(loaded) // 2:])
+    return sorted(idle)[len(idle) // 2], half[len(half) // 2]
+
+
 def mixed(decoder: Decoder, shapes: list[tuple[int, int]], args) -> int:
     """Each MIXED step (p prompt tokens, w decoders) timed as a graph, beside the decode step of
     its w rows alone at the same context: a decoder riding a prefill step should cost less
-    than the weight pass of a step of its own. With ``--profile``, each step's kernels."""
+    than the weight pass of a step of its own. With ``--profile``, each step's kernels; with
+    ``--sustained``, each step after idle and under a sustained load."""
     max_pages = args.context // PAGE_TOKENS
     results, alone = [], {}
     apply_variant("serving", decoder)
@@ -611,6 +641,10 @@ def mixed(decoder: Decoder, shapes: list[tuple[int, int]], args) -> int:
         elif p in plain:
             row["riding_ms"] = round(ms - plain[p], 3)
             row["decode_alone_ms"] = round(alone[w], 3)
+        if args.sustained:
+            row["after_idle_ms"], row["sustained_ms"] = sustained(graph, args.sustained)
+            print(f"  mixed p{p:<5} w{w:<4}: {row['after_idle_ms']:.3f} ms after 0.3 s idle, "
+                  f"{row['sustained_ms']:.3f} ms sustained over {args.sustained:g} s", flush=True)
         results.append(row)
         extra = (f"; {w} decoders ride for {row['riding_ms']:.3f} ms (alone {alone[w]:.3f})"
                  if "riding_ms" in row else "")
@@ -647,6 +681,8 @@ def main() -> int:
                         "each timed beside its decoders' step alone (w rows at --cached keys)")
     parser.add_argument("--mixed-rows", type=int, default=1, help="prefill rows sharing a mixed step's prompt tokens")
     parser.add_argument("--mixed-prefix", type=int, default=0, help="cached keys before each prefill row")
+    parser.add_argument("--sustained", type=float, default=0.0, help="with --mixed: also time each step after "
+                        "idle and over this many seconds back to back (the power cap's clock)")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = parser.parse_args()
     args.profile_batches = {int(b) for b in args.profile_batches.split(",")}
