@@ -29,6 +29,7 @@ deterministic logprobs (:func:`toy_logprobs`) so the runtime's logprob path runs
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from typing import Callable, Sequence
 
@@ -65,13 +66,29 @@ def toy_token(history: np.ndarray, vocab: int, salt: int = 0) -> int:
     return int(h % vocab)
 
 
-def toy_logprobs(token: int, num_top: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+def toy_logprobs(token: int, num_top: int, vocab: int, out: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(logprobs [1 + num_top], top_ids [num_top])`` for a sampled token: the chosen token's
-    logprob first, then the alternatives, the chosen token among them with its own value."""
-    chosen = -0.125 * (token % 8)
-    ids = (token + np.arange(num_top)) % vocab
-    values = np.concatenate(([chosen], chosen - 0.5 * np.arange(num_top)))
-    return values.astype(np.float32), ids.astype(np.int64)
+    logprob first, then the alternatives, the chosen token among them with its own value.
+    ``out`` (a float32 and an int64 row) receives them in place: the simulated device's
+    sampling runs on the model thread, so it should cost that thread little."""
+    values, ids = out if out is not None else (np.empty(1 + num_top, np.float32), np.empty(num_top, np.int64))
+    chosen = -0.125 * (token % 8)  # multiples of 1/8 and 1/2: exact in float32
+    values[0] = chosen
+    np.subtract(chosen, _half_steps(num_top), out=values[1:])
+    np.add(_steps(num_top), token, out=ids)
+    np.remainder(ids, vocab, out=ids)
+    return values, ids
+
+
+@functools.cache
+def _steps(n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int64)
+
+
+@functools.cache
+def _half_steps(n: int) -> np.ndarray:
+    return (0.5 * np.arange(n)).astype(np.float32)
 
 
 class FakeExecutor(FenceTimeline):
@@ -147,6 +164,7 @@ class FakeExecutor(FenceTimeline):
             view[offset:offset + raw.size] = raw
             size += raw.size
         self.submissions.append((fence, graph.kind, size))
+        submitted = time.perf_counter()  # the simulated device starts here: _run is its work, not the host's
         error = None
         if self.fail_at_fence == fence:
             error = ExecutionError(f"injected failure at fence {fence}")
@@ -160,7 +178,7 @@ class FakeExecutor(FenceTimeline):
         duration_ns = self.duration_ns
         if self.device_time is not None:
             cost = self.device_time(graph)
-            self._device_free = max(time.perf_counter(), self._device_free) + cost
+            self._device_free = max(submitted, self._device_free) + cost
             self._finish_at.append(self._device_free)
             duration_ns = int(cost * 1e9)
         self._queue.append(ExecutionCompletion(fence, graph_index, self.records.copy(), self.logprobs.copy(),
@@ -220,8 +238,8 @@ class FakeExecutor(FenceTimeline):
         if self.eos_token is not None and self.eos_every and b["slot.generated"][slot] % self.eos_every == 0:
             token = self.eos_token
         b["slot.token"][slot] = token
-        self.logprobs[slot], self.top_ids[slot] = toy_logprobs(token, self.contract.top_logprobs,
-                                                               self.contract.vocab_size)
+        toy_logprobs(token, self.contract.top_logprobs, self.contract.vocab_size,
+                     out=(self.logprobs[slot], self.top_ids[slot]))
 
     def _record(self, slot: int, kind: GraphKind, sampled: bool) -> None:
         b = self.buffers
