@@ -16,7 +16,7 @@ Buffer roles:
 - ``step``: per-submission inputs, indexed by batch row (B_max rows)
 - ``out``: completion outputs [frame, slot, ...], copied back per step
 
-Completion records (``out.records``, int64 [2, S+1, RECORD_FIELDS]) hold 16
+Completion records (``out.records``, int64 [FRAMES, S+1, RECORD_FIELDS]) hold 16
 metadata fields (``REC_*``) followed by ``RECORD_TOKENS`` token fields.
 """
 
@@ -34,6 +34,15 @@ from .request import MAX_TOP_LOGPROBS
 RECORD_META = 16
 RECORD_TOKENS = 8
 RECORD_FIELDS = RECORD_META + RECORD_TOKENS
+# Steps that decode or prefill in flight at most (a decode step queues behind the one
+# before it), and submissions in flight at most, each with its own input frame and
+# completion frame (``step.frame`` names it). The frames beyond the pipelined steps are for
+# the small steps (INITIALIZE, SNAPSHOT, RESTORE, RESUME), two because a terminal capture
+# and the INITIALIZE of the request taking its slot come in pairs: with two frames in all,
+# a small step took the frame the next decode would have queued in, and the device idled
+# for a host turn after it (docs/architecture.md, "Departures").
+PIPELINED_STEPS = 2
+FRAMES = PIPELINED_STEPS + 2
 
 # Metadata fields of a completion record.
 REC_SLOT = 0  # physical slot (0 for padding rows)
@@ -289,11 +298,11 @@ class PreparedContract:
             BufferSpec("step.prompt_len", (1,), "int64", "step"),
             BufferSpec("step.output_len", (1,), "int64", "step"),  # output tokens after the prompt in step.prompt
             BufferSpec("step.frame", (1,), "int64", "step"),
-            # NOTE: outputs are double-buffered by step.frame: the copy of frame k's
-            # records runs on the copy stream while the next program writes frame k^1.
-            BufferSpec("out.records", (2, s1, RECORD_FIELDS), "int64", "out"),
-            BufferSpec("out.logprobs", (2, s1, 1 + self.top_logprobs), "float32", "out"),
-            BufferSpec("out.top_ids", (2, s1, self.top_logprobs), "int64", "out"),
+            # NOTE: outputs are indexed by step.frame: the copy of frame k's records runs on
+            # the copy stream while the next programs write the other frames.
+            BufferSpec("out.records", (FRAMES, s1, RECORD_FIELDS), "int64", "out"),
+            BufferSpec("out.logprobs", (FRAMES, s1, 1 + self.top_logprobs), "float32", "out"),
+            BufferSpec("out.top_ids", (FRAMES, s1, self.top_logprobs), "int64", "out"),
         )
 
     def to_json(self) -> dict:

@@ -1,7 +1,9 @@
 """The executor interface shared by the CPU and CUDA backends.
 
 An executor runs a prepared contract's graphs in submission order with at
-most two submissions in flight (the two-frame window):
+most ``FRAMES`` (4) submissions in flight, each in its own frame (the window;
+the scheduler keeps at most two steps that decode or prefill in it, and small
+steps take the frames left: flare.contract.FRAMES):
 
 - ``can_submit()`` is true while a frame is free; ``next_fence`` is the fence
   the next submission will carry (fences are a single monotonic timeline).
@@ -27,7 +29,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..contract import Upload
+from ..contract import FRAMES, Upload
 from ..errors import ExecutionError
 
 
@@ -44,7 +46,6 @@ class ExecutionCompletion:
     error: BaseException | None = None
 
 
-FRAMES = 2  # the two-frame window
 
 
 class FenceTimeline:
@@ -73,7 +74,7 @@ def check_submission(*, poison: BaseException | None, closed: bool, held_fence: 
     if held_fence:
         raise ExecutionError(f"a grammar-constrained step (fence {held_fence}) must be released first")
     if window_full:
-        raise ExecutionError("both frames are in flight; poll before submitting again")
+        raise ExecutionError(f"all {FRAMES} frames are in flight; poll before submitting again")
 
 
 # What a release may upload: only buffers the sampling part of a step reads.

@@ -3,7 +3,7 @@
 A worker thread plays the device: it applies a submission's uploads to the
 buffers, runs the program and copies the frame's outputs, while the model
 thread plans the next step (torch releases the GIL inside its kernels, so the
-overlap is real). It keeps the two-frame window and fence ordering of the CUDA
+overlap is real). It keeps the frame window and fence ordering of the CUDA
 executor, so the runtime and its tests exercise the same protocol here.
 """
 

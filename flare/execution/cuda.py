@@ -1,4 +1,4 @@
-"""GraphExecutor: two-frame CUDA-graph execution through the driver API.
+"""GraphExecutor: CUDA-graph execution in a window of frames, through the driver API.
 
 The step path makes cuda-python driver calls only (no torch ops, no CUDA
 allocation): ``submit`` stages the upload ranges in a pinned input frame,
@@ -8,7 +8,7 @@ the launch and queues the completion copies (records, logprobs, top ids of
 the frame's output slot) into a pinned completion frame. ``poll`` returns
 completions in fence order once their copy has finished, then frees the frame.
 
-Two frames are in flight at most; a third submission gets backpressure (an
+``FRAMES`` (4) submissions are in flight at most; one more gets backpressure (an
 ExecutionError: callers check ``can_submit``). Any driver error poisons the
 executor. ``close`` drains both streams before releasing the pinned frames and
 the owner (the object keeping graphs, tensors and the pool alive); when the

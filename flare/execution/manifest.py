@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from ..config import PAGE_TOKENS
-from ..contract import RECORD_META, RECORD_TOKENS, GraphKind, PreparedContract
+from ..contract import FRAMES, RECORD_META, RECORD_TOKENS, GraphKind, PreparedContract
 from ..errors import ExecutionError
 
 HOST = "host"  # pinned or pageable host memory, addressed by the CPU
@@ -32,12 +32,12 @@ SPACES = (HOST, DEVICE)
 VIEW_ALIGNMENT = 16
 # Prefill token capacities are whole KV pages, so a chunk never splits a page.
 PREFILL_TOKEN_QUANTUM = PAGE_TOKENS
-# Completion records are double-buffered by step.frame (flare.contract).
-COMPLETION_FRAMES = 2
+# Completion records are indexed by step.frame, one frame a submission in flight (flare.contract).
+COMPLETION_FRAMES = FRAMES
 DEFAULT_COMPLETION_TOKENS = 8  # an omitted or zero completion token capacity
 RECORDS_BUFFER = "out.records"
 RECORD_ITEMSIZE = 8  # records are int64
-# What the two-frame executor touches by name when the manifest is not built from a contract.
+# What the frame executor touches by name when the manifest is not built from a contract.
 REQUIRED_BUFFERS = ("step.frame", "out.records", "out.logprobs", "out.top_ids")
 _ADDRESS_LIMIT = 1 << 64
 

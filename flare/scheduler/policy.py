@@ -46,9 +46,10 @@ class Selection:
         other = ((phase >= _FIRST) & (phase <= _LAST_PREP)) | (phase == _FINISHING)
         return bool(np.any(other & (t.inflight == 0)))
 
-    def candidates(self) -> list[Candidate]:
+    def candidates(self, small: bool = True, large: bool = True) -> list[Candidate]:
         """(kind, graph, rows, value) for every runnable cohort and shape but decode, from
-        each row-wise step kind in registry order."""
+        each row-wise step kind in registry order: the small kinds' (StepKind.small) with
+        ``small``, the others' with ``large``."""
         by_phase: dict[Phase, list[LiveRequest]] = {}
         for r in self.s.live.values():
             if r.inflight == 0:
@@ -56,7 +57,8 @@ class Selection:
         budget = CandidateBudget(by_phase, self.s.num_free_pages)
         out: list[Candidate] = []
         for step in ROW_STEPS:
-            out.extend(step.candidates(self, budget))
+            if (small if step.small else large):
+                out.extend(step.candidates(self, budget))
         return out
 
     # -- selection -------------------------------------------------------------

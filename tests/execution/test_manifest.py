@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from flare.contract import RECORD_FIELDS, RECORD_META, GraphKind, PreparedContract
+from flare.contract import FRAMES, RECORD_FIELDS, RECORD_META, GraphKind, PreparedContract
 from flare.errors import ExecutionError
 from flare.execution.manifest import (
     DEVICE,
@@ -77,9 +77,9 @@ def small_manifest(*extra: BufferView, slots: int = 2) -> ExecutionManifest:
     rows = slots + 1
     base = [
         view("step.frame", 0x10000, (1,), handle=0),
-        view("out.records", 0x20000, (2, rows, RECORD_FIELDS), handle=1),
-        view("out.logprobs", 0x30000, (2, rows, 3), itemsize=4, handle=2),
-        view("out.top_ids", 0x40000, (2, rows, 2), handle=3),
+        view("out.records", 0x20000, (FRAMES, rows, RECORD_FIELDS), handle=1),
+        view("out.logprobs", 0x30000, (FRAMES, rows, 3), itemsize=4, handle=2),
+        view("out.top_ids", 0x40000, (FRAMES, rows, 2), handle=3),
     ]
     extra = tuple(replace(v, handle=v.handle or 10 + i) for i, v in enumerate(extra))
     graphs = (GraphEntry("decode b1 t1", GraphKind.DECODE, 1, 1, 0xA000),
@@ -127,7 +127,7 @@ def test_token_capacity_omitted_or_zero_resolves_to_eight():
     assert CompletionGeometry(4).token_capacity == 8
     assert CompletionGeometry(4, token_capacity=0).token_capacity == 8
     assert CompletionGeometry(4, token_capacity=3).token_capacity == 3
-    assert CompletionGeometry(4).records_shape == (2, 5, 24)
+    assert CompletionGeometry(4).records_shape == (FRAMES, 5, 24)
     small_manifest().validate()  # records of 16 + 8 fields match an omitted capacity
 
 
@@ -300,12 +300,12 @@ def test_manifest_without_graphs_is_rejected():
 
 def test_records_for_a_different_slot_count_are_rejected(manifest):
     m = replace(manifest, completion=CompletionGeometry(CONTRACT.max_active + 1, RECORD_META, 8))
-    rejects(m, "buffer 'out.records'", "[2, 5, 24]", "needs 8-byte [2, 6, 24]")
+    rejects(m, "buffer 'out.records'", f"[{FRAMES}, 5, 24]", f"needs 8-byte [{FRAMES}, 6, 24]")
 
 
 def test_records_for_a_different_token_capacity_are_rejected(manifest):
     m = replace(manifest, completion=CompletionGeometry(CONTRACT.max_active, RECORD_META, 4))
-    rejects(m, "buffer 'out.records'", "[2, 5, 20]", "4 token fields")
+    rejects(m, "buffer 'out.records'", f"[{FRAMES}, 5, 20]", "4 token fields")
 
 
 def test_records_of_the_wrong_itemsize_are_rejected():
@@ -333,8 +333,8 @@ def test_negative_token_capacity_is_rejected():
 
 def test_outputs_must_share_the_records_frame_and_slot_dims():
     m = small_manifest()
-    m = with_view(m, "out.top_ids", shape=(2, 4, 2), nbytes=2 * 4 * 2 * 8, strides=(64, 16, 8))
-    rejects(m, "buffer 'out.top_ids'", "leading dims [2, 4]", "[2, 3]")
+    m = with_view(m, "out.top_ids", shape=(FRAMES, 4, 2), nbytes=FRAMES * 4 * 2 * 8, strides=(64, 16, 8))
+    rejects(m, "buffer 'out.top_ids'", f"leading dims [{FRAMES}, 4]", f"[{FRAMES}, 3]")
 
 
 @pytest.mark.parametrize("name", REQUIRED_BUFFERS)

@@ -20,7 +20,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from flare.contract import REC_TOKEN0, GraphKind
+from flare.contract import FRAMES, REC_CONSUMED, REC_TOKEN0, GraphKind
+from flare.errors import ExecutionError
 
 from .harness import Harness, check_held_decode, save_tiny
 
@@ -173,6 +174,29 @@ def test_ragged_batch_decode(tiny):
     tokens, logits = _greedy(h, prompts, STEPS)
     for s, p in prompts.items():
         _check(model, p, tokens[s], logits[s])
+
+
+def test_frames_in_flight_complete_in_order_then_backpressure(tiny):
+    """The CPU executor holds FRAMES submissions in flight, each with its own completion
+    frame: they complete in fence order with the device state advancing step by step and the
+    tokens of the same decode run one step at a time; one more submission gets backpressure."""
+    model, h = tiny
+    prompt = _prompt(900, 20)
+    h.admit(1, generation=90)
+    alone = [h.prefill(1, prompt, 0, [20])] + [h.decode([1])[1] for _ in range(FRAMES)]
+    h.admit(1, generation=91)
+    assert h.prefill(1, prompt, 0, [20]) == alone[0]
+    h.alloc_pages(1, h.position(1) + FRAMES + 1)
+    h.inputs.set_rows([1], 1)
+    graph = h.contract.graph(GraphKind.DECODE, 1)
+    fences = [h.executor.submit(graph.index, h.inputs.take()) for _ in range(FRAMES)]
+    assert h.executor.outstanding == FRAMES and not h.executor.can_submit()
+    with pytest.raises(ExecutionError, match=f"all {FRAMES} frames"):
+        h.executor.submit(graph.index, [])
+    done = [h.executor.poll(timeout=120) for _ in fences]
+    assert [d.fence for d in done] == fences and all(d.error is None for d in done)
+    assert [int(d.records[1, REC_CONSUMED]) for d in done] == [21 + i for i in range(FRAMES)]
+    assert [int(d.records[1, REC_TOKEN0]) for d in done] == alone[1:]
 
 
 def test_prefix_pages_reused(tiny):

@@ -806,7 +806,7 @@ def test_kept_prefill_candidates_select_what_every_candidate_would(monkeypatch, 
         assert cols.rows == [(r, r.planned, r.next_stop - r.planned, r.prompt_len, len(r.pages),
                               self.price(r) / max(1, min(r.next_stop - r.planned, chunk))) for r in waiting]
         single = [cand[0] == GraphKind.PREFILL and len(cand[2]) == 1 for cand in candidates]
-        if every:
+        if every and any(single):  # (a small step behind two pipelined ones is chosen among small steps only)
             reference = {(cand[1].index, cand[2][0].rid): (cand[2][0], cand[3]) for cand in every}
             for cand, one in zip(candidates, single):  # each kept chunk is one of them, value for value
                 assert not one or reference[(cand[1].index, cand[2][0].rid)] == (cand[2][0], cand[3])
@@ -844,3 +844,58 @@ def test_a_burst_of_admissions_initializes_in_one_step_until_a_request_with_mark
     assert inits[1].extras[0][1].penalty_prompt is not None and inits[2].extras[0][1].penalty_prompt is not None
     assert all(len(d.tokens[r]) == 4 for r in rids)
     assert d.tokens[rids[0]] == alone(tokens(0, 20), 4)
+
+
+def test_small_steps_queue_beside_pipelined_steps_never_in_their_frames():
+    """Two steps that decode or prefill pipeline in the window; small steps (a new request's
+    INITIALIZE, terminal captures) queue in the frames beyond them instead of taking the
+    frame the next decode would queue in, and are planned only while the frames those steps
+    may still want stay free. While a request waits to start or holds a finished slot, one
+    step that decodes or prefills is in flight, not two. Outputs match solo runs."""
+    from flare.contract import FRAMES, PIPELINED_STEPS
+    from flare.scheduler.steps import SMALL_KINDS
+
+    sched, ex, d, clock = make(max_active=4, pages=300, manual=True)
+    warm_up(sched, ex, d)
+    specs = [(tokens(300 + i, 30), 60) for i in range(3)]  # long decoders
+    specs += [(tokens(400 + i, 12 + 7 * i), 3 + i % 3) for i in range(8)]  # arriving one after another
+    rids = [sched.submit(prompt(p), params(m), 9) for p, m in specs[:3]]
+    beside_two = 0
+
+    def fill():
+        nonlocal beside_two
+        while ex.can_submit():
+            before = [s.plan.kind for s in sched.inflight]
+            plan = sched.plan()
+            if plan is None:
+                return
+            ex.submit(plan.graph_index, pack_step(d.inputs, sched.commit(plan, ex.next_fence)))
+            pipelined = sum(1 for k in before if k not in SMALL_KINDS)
+            if plan.kind in SMALL_KINDS:
+                assert len(before) + 1 + max(0, PIPELINED_STEPS - pipelined) <= FRAMES, (before, plan.kind)
+                beside_two += pipelined == PIPELINED_STEPS
+            else:
+                assert pipelined < sched._pipeline_depth(), (before, plan.kind)
+            assert len(sched.inflight) <= FRAMES
+
+    for it in range(5000):
+        while (done := ex.poll()) is not None:
+            result = sched.complete(done.fence, done.graph_index, done.records, done.duration_ns)
+            for out in result.tokens:
+                d.tokens[out.rid].append(out.token)
+            for end in result.ended:
+                d.ended[end.rid] = end
+        fill()
+        if len(rids) < len(specs) and it % 9 == 0 and all(r in d.ended for r in rids[3:]):
+            # a request arrives while the decoders' steps are in flight
+            rids.append(sched.submit(prompt(specs[len(rids)][0]), params(specs[len(rids)][1]), 9))
+            fill()
+        if ex.outstanding == 0 and len(rids) == len(specs) and not sched.queue and not sched.num_live:
+            break
+        ex.step(1)
+        clock.now += 0.01
+    assert beside_two > 0  # an INITIALIZE queued behind two pipelined decodes, in a frame of its own
+    for rid, (p, m) in zip(rids, specs):
+        assert d.tokens[rid] == alone(p, m, 9), rid
+        assert d.ended[rid].reason == "length"
+    assert sched.num_live == 0 and sched.reserved_pages == 0

@@ -20,5 +20,7 @@ ROW_STEPS: tuple[StepKind, ...] = (initialize.STEP, restore.STEP, resume.STEP, s
                                    mixed.STEP)
 DECODE = decode.STEP
 LAUNCH_NAMES: dict[GraphKind, str] = {kind: step.name for kind, step in STEPS.items()}
+SMALL_KINDS = frozenset(kind for kind, step in STEPS.items() if step.small)
 
-__all__ = ["Candidate", "CandidateBudget", "DECODE", "LAUNCH_NAMES", "ROW_STEPS", "RowExtra", "STEPS", "StepKind"]
+__all__ = ["Candidate", "CandidateBudget", "DECODE", "LAUNCH_NAMES", "ROW_STEPS", "RowExtra", "SMALL_KINDS", "STEPS",
+           "StepKind"]

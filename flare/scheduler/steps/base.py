@@ -44,6 +44,10 @@ class StepKind:
     name: str  # launch name in stats and metrics (flare_graph_launches_total{kind=...})
     phases: tuple[Phase, ...] = ()  # request phases this kind serves
     max_new_tokens = 1  # completion rule: the most tokens one record of this kind may report
+    # A step of a few copies (and at most a sample from a kept hidden state): tens of
+    # microseconds on the device. Small steps take the window's third frame, never one of
+    # the two the steps that decode or prefill pipeline in (flare.contract.FRAMES).
+    small = False
 
     def candidates(self, sel: "Selection", budget: CandidateBudget) -> list[Candidate]:
         """Row-wise candidates of this kind (decode builds its cohort column-wise instead)."""

@@ -19,6 +19,7 @@ class Initialize(StepKind):
     kind = GraphKind.INITIALIZE
     name = "initialize"
     phases = (Phase.INITIALIZING,)
+    small = True
 
     def candidates(self, sel, budget):
         # One step takes the newly admitted requests in arrival order, up to the largest

@@ -11,6 +11,7 @@ class Restore(StepKind):
     kind = GraphKind.RESTORE
     name = "restore"
     phases = (Phase.RESTORING,)
+    small = True
 
     def candidates(self, sel, budget):
         s = sel.s

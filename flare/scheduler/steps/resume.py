@@ -11,6 +11,7 @@ class Resume(StepKind):
     kind = GraphKind.RESUME
     name = "resume_sampling"
     phases = (Phase.RESUMING,)
+    small = True
 
     def candidates(self, sel, budget):
         s = sel.s

@@ -16,6 +16,7 @@ class Snapshot(StepKind):
     kind = GraphKind.SNAPSHOT
     name = "snapshot"
     phases = (Phase.SNAPSHOTTING, Phase.FINISHING)
+    small = True
 
     def candidates(self, sel, budget):
         s, pol = sel.s, sel.pol
