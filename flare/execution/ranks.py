@@ -14,7 +14,7 @@ A step completes when every rank has reported it.
 - Rank 0 commits only when every report matches its own. Sampling runs on the gathered
   logits with the same seeds on every rank, so the records agree byte for byte.
 - The step's time is the longest rank's interval.
-- The two-frame bound holds for all ranks together: rank 0 submits only while its own
+- The frame bound holds for all ranks together: rank 0 submits only while its own
   window has room, and the others run exactly rank 0's submissions.
 
 Failure:

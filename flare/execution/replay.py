@@ -1,7 +1,7 @@
 """GraphReplayWorker: raw replay of captured CUDA graph executables.
 
 This is the spec's raw replay qualification primitive, not the serving loop's
-two-frame pipeline (flare.execution.cuda.GraphExecutor). It qualifies that
+frame pipeline (flare.execution.cuda.GraphExecutor). It qualifies that
 executables captured by PyTorch replay correctly through the driver API and
 that their owner outlives every launch:
 
