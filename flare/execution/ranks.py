@@ -15,7 +15,8 @@ A step completes when every rank has reported it.
   logits with the same seeds on every rank, so the records agree byte for byte.
 - The step's time is the longest rank's interval.
 - The frame bound holds for all ranks together: rank 0 submits only while its own
-  window has room, and the others run exactly rank 0's submissions.
+  window has room (at most :data:`TP_FRAMES` in flight), and the others run exactly rank
+  0's submissions.
 
 Failure:
 
@@ -51,7 +52,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..contract import Upload
+from ..contract import PIPELINED_STEPS, Upload
 from ..errors import ExecutionError
 from .base import ExecutionCompletion, FenceTimeline
 
@@ -64,6 +65,11 @@ FAILED_CLOSE_S = 0.5  # after a failure: how long ranks get to exit before they 
 FAILED_JOIN_S = 2.0  # then how long rank 0's own executor gets to leave its broken collective
 RANK_GONE_WAIT_S = 1.0  # after a failed collective: how long to look for the rank that caused it
 STARTUP_TIMEOUT_S = 600.0  # every rank must have loaded its shard by then
+# Submissions in flight across the ranks: two, as before the single-rank window grew to four
+# frames (flare.contract.FRAMES). With four, the CPU ranks' heartbeats went silent past
+# RANK_SILENT_S in one full CI run on the 2-core machine; the deeper window stays single-rank
+# until the multi-GPU run (issue 28) measures it.
+TP_FRAMES = PIPELINED_STEPS
 AUTHKEY_ENV = "FLARE_TP_AUTHKEY"
 
 
@@ -223,7 +229,7 @@ class TensorParallelExecutor(FenceTimeline):
         return self._failure or self.local.poisoned
 
     def can_submit(self) -> bool:
-        return self._failure is None and self.local.can_submit()
+        return self._failure is None and self.local.can_submit() and len(self._submitted) < TP_FRAMES
 
     def _broadcast(self, message) -> None:
         for link in self.links:
@@ -238,6 +244,8 @@ class TensorParallelExecutor(FenceTimeline):
             raise ExecutionError(f"executor is poisoned: {self._failure}")
         if not self.local.can_submit():  # the local executor's refusal, in its words, before any rank sees it
             return self.local.submit(graph_index, uploads, grammar_constrained)
+        if len(self._submitted) >= TP_FRAMES:
+            raise ExecutionError(f"all {TP_FRAMES} tensor-parallel frames are in flight; poll before submitting again")
         fence = self.local.next_fence
         payload = [(name, offset, bytes(data)) for name, offset, data in uploads]
         self._broadcast(("submit", fence, graph_index, payload, grammar_constrained))

@@ -171,7 +171,10 @@ def test_hostile_templates_are_400s_that_never_stall_the_server(tiny_checkpoint,
             assert elapsed < 3.0, (name, elapsed)  # the 2 s render budget, and a little
         assert get_json(served, "/v1/models")[0] == 200
         worst, _ = probe.stop()
-        assert worst < 0.1, f"/health took {worst * 1e3:.1f} ms while hostile templates rendered"
+        # A render on the event loop would hold /health for as long as the render runs (the
+        # slow bodies here burn up to the 2 s budget); on the 2-core CI machine the OS alone
+        # delays a probe by 100-200 ms at times (136 and 184 ms in two runs on 2026-12-04).
+        assert worst < 0.5, f"/health took {worst * 1e3:.1f} ms while hostile templates rendered"
         plain = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
         conn = http.client.HTTPConnection(host, port, timeout=60)
         conn.request("POST", "/v1/chat/completions", body=json.dumps(plain),
