@@ -46,8 +46,6 @@ class ExecutionCompletion:
     error: BaseException | None = None
 
 
-
-
 class FenceTimeline:
     """The fence bookkeeping every executor shares: the next fence to hand out and the
     last one whose completion poll() returned (fences form one monotonic timeline)."""

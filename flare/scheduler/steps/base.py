@@ -45,8 +45,8 @@ class StepKind:
     phases: tuple[Phase, ...] = ()  # request phases this kind serves
     max_new_tokens = 1  # completion rule: the most tokens one record of this kind may report
     # A step of a few copies (and at most a sample from a kept hidden state): tens of
-    # microseconds on the device. Small steps take the window's third frame, never one of
-    # the two the steps that decode or prefill pipeline in (flare.contract.FRAMES).
+    # microseconds on the device. Small steps take the frames beyond the ones the steps that
+    # decode or prefill pipeline in, never one of those (flare.contract.FRAMES).
     small = False
 
     def candidates(self, sel: "Selection", budget: CandidateBudget) -> list[Candidate]:
