@@ -66,10 +66,7 @@ FAILED_JOIN_S = 2.0  # then how long rank 0's own executor gets to leave its bro
 RANK_GONE_WAIT_S = 1.0  # after a failed collective: how long to look for the rank that caused it
 STARTUP_TIMEOUT_S = 600.0  # every rank must have loaded its shard by then
 # Submissions in flight across the ranks: two, as before the single-rank window grew to four
-# frames (flare.contract.FRAMES), until the multi-GPU run (issue 28) measures more. It was
-# set when the CPU ranks' heartbeats went silent past RANK_SILENT_S in a full CI run with
-# four; the next CI run failed the same way with two, so the window is not that failure's
-# cause (the silence limit on a loaded 2-core machine is the open suspect).
+# frames (flare.contract.FRAMES), until the multi-GPU run (issue 28) measures more.
 TP_FRAMES = PIPELINED_STEPS
 AUTHKEY_ENV = "FLARE_TP_AUTHKEY"
 
@@ -145,6 +142,10 @@ class _Link:
         self.last_seen = time.monotonic()
 
     def start_reader(self, on_failure) -> None:
+        # The silence clock starts now: until this reader runs, nothing reads the rank's heartbeats,
+        # and the rank spent the time since its hello loading its shard (seconds on a loaded host).
+        self.last_seen = time.monotonic()
+
         def read() -> None:
             while True:
                 try:
