@@ -7,8 +7,6 @@ from __future__ import annotations
 import time
 from multiprocessing import Pipe
 
-import pytest
-
 from flare.contract import GraphKind, PreparedContract
 from flare.execution import ranks
 from flare.execution.ranks import TensorParallelExecutor, _Link
