@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install carried wheels, build the Cython modules the runtime needs,
 # run the GPU tests, then the GPU speed benchmark (tools/bench_gpu.py). Writes logs and
-# bench_gpu.json under $OUT. Usage (device tool, carry .whl and .carry):
+# bench_gpu.json under $OUT. Prepare .whl and .carry here first (python tools/prepare_device.py
+# [--server]), then (device tool, carry .whl and .carry):
 #   bash tools/gpu_check.sh [--shape llama3-8b] [--requests 256] [--tests "tests/gpu"] [--hf-compile]
 #                           [--server-tests] [--no-bench]
 # --server-tests also serves tests/server from `flare-serve` on a small random bf16 core on
