@@ -20,13 +20,13 @@ while [ $# -gt 0 ]; do case "$1" in
 [ -f .carry/llama3-tokenizer.json ] || { echo ".carry/llama3-tokenizer.json is missing: tools/prepare_device.py"; exit 2; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG="$OUT/ab.log"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+. "$(dirname "$0")/device_setup.sh"
+install_wheels .whl/*.whl || exit 1
 NEW=$PWD; BASE=$PWD/.carry/base; TOKENIZER=$PWD/.carry/llama3-tokenizer.json
 echo "A = $(cat "$BASE/REVISION") (.carry/base), B = the working tree" | tee "$LOG"
 for tree in "$BASE" "$NEW"; do
   t0=$(date +%s)
-  (cd "$tree" && FLARE_BUILD_ONLY=sched,prefix_hash,jinja_vm,ngram python3 setup.py build_ext --inplace -j 8) \
-    >> "$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
+  build_tree "$tree" >> "$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
   echo "built $tree in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 done
 # One random checkpoint for both: each tree's workdir links to it, and the first run writes it.

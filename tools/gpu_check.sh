@@ -18,10 +18,11 @@ while [ $# -gt 0 ]; do case "$1" in
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 WHEELS=(.whl/*.whl); [ "$SERVER" = 1 ] && WHEELS+=(.whl/server/*.whl)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS[@]}" || exit 1
+. "$(dirname "$0")/device_setup.sh"
+install_wheels "${WHEELS[@]}" || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 t0=$(date +%s)
-FLARE_BUILD_ONLY=sched,prefix_hash,jinja_vm,ngram python3 setup.py build_ext --inplace -j 8 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+build_tree . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 if [ "$TESTS" != "none" ]; then

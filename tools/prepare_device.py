@@ -102,7 +102,8 @@ def tree_bytes() -> int:
     not ignored files."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                             check=True, capture_output=True).stdout.split(b"\0")
-    return sum((ROOT / name.decode()).stat().st_size for name in listed if name and (ROOT / name.decode()).is_file())
+    paths = (ROOT / name.decode() for name in listed if name)
+    return sum(path.stat().st_size for path in paths if path.is_file())
 
 
 def folder_bytes(path: Path) -> int:
@@ -121,7 +122,7 @@ def main() -> int:
     download([pinned(name) for name in CARRIED], wheels)
     server = wheels / "server"
     if args.server:
-        print("the openai client for --server-tests -> .whl/server/", flush=True)
+        print("the HTTP clients tests/server imports -> .whl/server/", flush=True)
         download([pinned(name) for name in SERVER], server)
     elif server.exists():
         shutil.rmtree(server)  # a stale client would travel with every call
