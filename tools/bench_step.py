@@ -617,10 +617,13 @@ def sustained(graph: torch.cuda.CUDAGraph, seconds: float) -> tuple[float, float
 def mixed(decoder: Decoder, shapes: list[tuple[int, int]], args) -> int:
     """Each MIXED step (p prompt tokens, w decoders) timed as a graph, beside the decode step of
     its w rows alone at the same context: a decoder riding a prefill step should cost less
-    than the weight pass of a step of its own. With ``--profile``, each step's kernels; with
-    ``--sustained``, each step after idle and under a sustained load."""
+    than the weight pass of a step of its own. ``--variants`` (the serving configuration
+    first) are timed on the same inputs, each step's logits compared with the first
+    variant's; with ``--profile``, the first variant's kernels; with ``--sustained``, each
+    step after idle and under a sustained load."""
     max_pages = args.context // PAGE_TOKENS
-    results, alone = [], {}
+    variants = args.variants.split(",")
+    results, alone, mismatches = [], {}, []
     apply_variant("serving", decoder)
     for w in sorted({w for _, w in shapes if w}):
         step = Step(decoder, w, args.cached, max_pages)
@@ -628,41 +631,64 @@ def mixed(decoder: Decoder, shapes: list[tuple[int, int]], args) -> int:
         alone[w] = min(replay_ms(graph, replays=20, runs=7) for _ in range(2))
         print(f"  decode b{w:<4} alone at {args.cached} keys: {alone[w]:.3f} ms", flush=True)
         del graph, step
-    plain = {}
+    plain: dict[tuple[str, int], float] = {}
     for p, w in shapes:
         rows = max(1, min(args.mixed_rows, p))
         step = MixedStep(decoder, p, w, rows, args.mixed_prefix, args.cached, max_pages)
-        graph, _ = capture(step)
-        ms = min(replay_ms(graph, replays=10, runs=7) for _ in range(2))
-        row = dict(prompt=p, decoders=w, rows=rows, prefix=args.mixed_prefix, ms=round(ms, 3),
-                   prompt_tok_s=round(p / ms * 1e3))
-        if w == 0:
-            plain[p] = ms
-        elif p in plain:
-            row["riding_ms"] = round(ms - plain[p], 3)
-            row["decode_alone_ms"] = round(alone[w], 3)
-        if args.sustained:
-            row["after_idle_ms"], row["sustained_ms"] = sustained(graph, args.sustained)
-            print(f"  mixed p{p:<5} w{w:<4}: {row['after_idle_ms']:.3f} ms after 0.3 s idle, "
-                  f"{row['sustained_ms']:.3f} ms sustained over {args.sustained:g} s", flush=True)
-        results.append(row)
-        extra = (f"; {w} decoders ride for {row['riding_ms']:.3f} ms (alone {alone[w]:.3f})"
-                 if "riding_ms" in row else "")
-        print(f"  mixed p{p:<5} w{w:<4} ({rows} prefill rows, prefix {args.mixed_prefix}): {ms:.3f} ms, "
-              f"{row['prompt_tok_s']:,} prompt tok/s{extra}", flush=True)
-        if args.profile:
-            profiled = profile(graph, None, replays=3)
-            print(f"     exposed / device / idle us a step; idle in all: {sum(r[4] for r in profiled):.1f} us")
-            for kname, exposed, dur, n, idle in profiled[:16]:
-                print(f"     {exposed:9.1f} {dur:9.1f} {idle:7.1f} {n:4d}  {kname[:90]}")
-        del graph, step
+        first_logits = None
+        for name in variants:
+            apply_variant(name, decoder)
+            try:
+                graph, (out_logits, _) = capture(step)
+            except Exception as exc:  # a launch the device refuses: report, go on
+                mismatches.append(f"p{p} w{w} {name}: failed ({type(exc).__name__}: {str(exc)[:200]})")
+                print(f"  {mismatches[-1]}", flush=True)
+                torch.cuda.synchronize()
+                continue
+            graph.replay()
+            torch.cuda.synchronize()
+            logits = out_logits.clone()
+            ms = min(replay_ms(graph, replays=10, runs=7) for _ in range(2))
+            if not torch.equal(out_logits, logits):
+                mismatches.append(f"p{p} w{w} {name}: logits changed between replays")
+            if first_logits is None:
+                first_logits = logits
+            elif VARIANTS[name].exact and not torch.equal(logits, first_logits):
+                mismatches.append(f"p{p} w{w} {name}: logits differ from {variants[0]}'s (max abs "
+                                  f"{float((logits - first_logits).abs().max()):.3g})")
+            elif not torch.equal(logits.argmax(-1), first_logits.argmax(-1)):
+                mismatches.append(f"p{p} w{w} {name}: greedy tokens differ from {variants[0]}'s")
+            row = dict(variant=name, prompt=p, decoders=w, rows=rows, prefix=args.mixed_prefix, ms=round(ms, 3),
+                       prompt_tok_s=round(p / ms * 1e3))
+            if w == 0:
+                plain[name, p] = ms
+            elif (name, p) in plain:
+                row["riding_ms"] = round(ms - plain[name, p], 3)
+                row["decode_alone_ms"] = round(alone[w], 3)
+            if args.sustained:
+                row["after_idle_ms"], row["sustained_ms"] = sustained(graph, args.sustained)
+                print(f"  mixed p{p:<5} w{w:<4} {name}: {row['after_idle_ms']:.3f} ms after 0.3 s idle, "
+                      f"{row['sustained_ms']:.3f} ms sustained over {args.sustained:g} s", flush=True)
+            results.append(row)
+            extra = (f"; {w} decoders ride for {row['riding_ms']:.3f} ms (alone {alone[w]:.3f})"
+                     if "riding_ms" in row else "")
+            print(f"  mixed p{p:<5} w{w:<4} {name:>20} ({rows} prefill rows, prefix {args.mixed_prefix}): "
+                  f"{ms:.3f} ms, {row['prompt_tok_s']:,} prompt tok/s{extra}", flush=True)
+            if args.profile and name == variants[0]:
+                profiled = profile(graph, None, replays=3)
+                print(f"     exposed / device / idle us a step; idle in all: {sum(r[4] for r in profiled):.1f} us")
+                for kname, exposed, dur, n, idle in profiled[:16]:
+                    print(f"     {exposed:9.1f} {dur:9.1f} {idle:7.1f} {n:4d}  {kname[:90]}")
+            del graph
+        del step
         torch.cuda.empty_cache()
-    result = dict(shape=args.shape, cached=args.cached, mixed=results)
+    print("logits stable across replays and equal across variants" if not mismatches else "\n".join(mismatches))
+    result = dict(shape=args.shape, cached=args.cached, mixed=results, mismatches=mismatches)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_step_mixed.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
-    return 0
+    return 1 if mismatches else 0
 
 
 def main() -> int:
