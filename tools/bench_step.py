@@ -614,6 +614,16 @@ def sustained(graph: torch.cuda.CUDAGraph, seconds: float) -> tuple[float, float
     return sorted(idle)[len(idle) // 2], half[len(half) // 2]
 
 
+def logits_mismatch(name: str, logits: torch.Tensor, first: str, first_logits: torch.Tensor) -> str | None:
+    """How variant ``name``'s logits differ from variant ``first``'s, or None: bit for bit when
+    both are exact (Variant.exact), else only the greedy token is compared."""
+    if VARIANTS[name].exact and VARIANTS[first].exact and not torch.equal(logits, first_logits):
+        return f"logits differ from {first} (max abs {float((logits - first_logits).abs().max()):.3g})"
+    if not torch.equal(logits.argmax(-1), first_logits.argmax(-1)):
+        return f"greedy token differs from {first}'s"
+    return None
+
+
 def mixed(decoder: Decoder, shapes: list[tuple[int, int]], args) -> int:
     """Each MIXED step (p prompt tokens, w decoders) timed as a graph, beside the decode step of
     its w rows alone at the same context: a decoder riding a prefill step should cost less
@@ -652,12 +662,9 @@ def mixed(decoder: Decoder, shapes: list[tuple[int, int]], args) -> int:
             if not torch.equal(out_logits, logits):
                 mismatches.append(f"p{p} w{w} {name}: logits changed between replays")
             if first_logits is None:
-                first_logits = logits
-            elif VARIANTS[name].exact and not torch.equal(logits, first_logits):
-                mismatches.append(f"p{p} w{w} {name}: logits differ from {variants[0]}'s (max abs "
-                                  f"{float((logits - first_logits).abs().max()):.3g})")
-            elif not torch.equal(logits.argmax(-1), first_logits.argmax(-1)):
-                mismatches.append(f"p{p} w{w} {name}: greedy tokens differ from {variants[0]}'s")
+                first, first_logits = name, logits
+            elif (differs := logits_mismatch(name, logits, first, first_logits)) is not None:
+                mismatches.append(f"p{p} w{w} {name}: {differs}")
             row = dict(variant=name, prompt=p, decoders=w, rows=rows, prefix=args.mixed_prefix, ms=round(ms, 3),
                        prompt_tok_s=round(p / ms * 1e3))
             if w == 0:
@@ -753,11 +760,8 @@ def main() -> int:
         if not torch.equal(out_logits, logits[name]):
             mismatches.append(f"{name}: logits changed between replays (max abs "
                               f"{float((out_logits - logits[name]).abs().max()):.3g})")
-        if VARIANTS[name].exact and VARIANTS[first].exact and not torch.equal(logits[name], logits[first]):
-            mismatches.append(f"{name}: logits differ from {first} (max abs "
-                              f"{float((logits[name] - logits[first]).abs().max()):.3g})")
-        elif not torch.equal(logits[name].argmax(-1), logits[first].argmax(-1)):
-            mismatches.append(f"{name}: greedy token differs from {first}'s")
+        if (differs := logits_mismatch(name, logits[name], first, logits[first])) is not None:
+            mismatches.append(f"{name}: {differs}")
     print("logits stable across replays and equal across variants" if not mismatches else "\n".join(mismatches))
     if args.profile:
         rows = profile(graphs[first][0], args.out)
