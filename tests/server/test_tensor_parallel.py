@@ -1,7 +1,7 @@
 """Tensor parallel on CPU ranks: the demo core (9 query heads, 3 KV heads) served by
 `flare-serve --tensor-parallel 3` over gloo gives one rank's greedy tokens through the openai
 SDK, streamed or not, with stop strings and prefix-cache hits; a rank killed mid-stream ends
-the stream with an error and the server exits 1; SIGTERM drains every rank; shapes that do
+every open stream with an error and the server exits 1; SIGTERM drains every rank; shapes that do
 not divide are refused before anything starts."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -111,25 +112,49 @@ def test_sigterm_drains_every_rank(sharded):
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_failed_rank_fails_the_stream_and_the_server_exits_1(how):
     """A rank that dies, or stops answering (SIGSTOP: the others wait inside a collective)."""
-    served = launch("demo", extra_flags=(*KV, "--tensor-parallel", "3"))
+    fail_a_rank("demo", (*KV, "--tensor-parallel", "3"), 3, how)
+
+
+def fail_a_rank(kind: str, flags: tuple[str, ...], world: int, how: str, streams: int = 3,
+                max_tokens: int = 400) -> None:
+    """Serve ``kind`` over ``world`` ranks, open ``streams`` long streamed answers, then kill (or
+    stop) the last rank once each has its first chunks: every stream ends with an error naming the
+    rank, the server exits 1 within 5 s, and no rank outlives it.
+    (tests/server/test_tensor_parallel_gpu.py runs it on GPU ranks.)"""
+    served = launch(kind, extra_flags=flags)
     try:
         ranks = children(served.process.pid)
-        assert len(ranks) == 2
+        assert len(ranks) == world - 1
         c = client(served)
-        chunks = c.chat.completions.create(model=served.model, messages=[{"role": "user", "content": "Count."}],
-                                           max_tokens=400, temperature=0, stream=True, extra_body={"ignore_eos": True})
-        failed = None
-        try:
-            for i, _ in enumerate(chunks):
-                if i == 3:
-                    os.kill(ranks[-1], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-        except openai.APIError as exc:  # the stream's terminal error event
-            failed = exc
-        assert failed is not None and "rank 2" in str(failed), failed
-        assert how == "killed" or "stopped answering" in str(failed), failed
-        started = time.monotonic()
+        started = [threading.Event() for _ in range(streams)]
+        failures: list[BaseException | None] = [None] * streams
+
+        def read(i: int) -> None:
+            try:
+                chunks = c.chat.completions.create(
+                    model=served.model, messages=[{"role": "user", "content": f"Count to {100 + i}."}],
+                    max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True})
+                for n, _ in enumerate(chunks):
+                    if n == 3:
+                        started[i].set()
+            except openai.APIError as exc:  # the stream's terminal error event
+                failures[i] = exc
+            finally:
+                started[i].set()
+
+        readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(streams)]
+        for t in readers:
+            t.start()
+        assert all(e.wait(120) for e in started)
+        os.kill(ranks[-1], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        for t in readers:
+            t.join(60)
+        for failed in failures:
+            assert failed is not None and f"rank {world - 1}" in str(failed), failures
+            assert how == "killed" or "stopped answering" in str(failed), failed
+        began = time.monotonic()
         code = served.process.wait(15)
-        assert code == 1 and time.monotonic() - started < 5.0, "".join(served.stderr_lines[-30:])
+        assert code == 1 and time.monotonic() - began < 5.0, "".join(served.stderr_lines[-30:])
         assert any("tensor-parallel rank" in line for line in served.stderr_lines)
         time.sleep(0.5)
         assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()
