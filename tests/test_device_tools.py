@@ -1,6 +1,7 @@
 """The device-call tooling run here, on the CPU: tools/prepare_device.py's wheel lists stay closed
 over what the project and the carried wheels need, its baseline export holds a commit's sources,
-and tools/bench_compare.py reads bench_gpu.json runs into the A/B table tools/gpu_ab.sh prints."""
+and tools/bench_compare.py reads bench_gpu.json runs into the A/B table tools/gpu_ab.sh prints;
+tools/bench_allreduce.py sums exactly over CPU ranks."""
 
 from __future__ import annotations
 
@@ -126,3 +127,17 @@ def test_the_command_prints_the_table_and_refuses_an_empty_side(tmp_path):
     refused = subprocess.run([*tool, "--base", str(tmp_path / "broken.json"), "--new", *map(str, paths["B"])],
                              capture_output=True, text=True)
     assert refused.returncode == 1 and "no readable run" in refused.stderr and "broken.json" in refused.stderr
+
+
+def test_the_all_reduce_benchmark_sums_exactly_over_cpu_ranks(tmp_path):
+    """tools/bench_allreduce.py's CPU smoke run: two gloo ranks, each size summed exactly, the table
+    and allreduce.json written (the GPU run adds the symmetric-memory methods and graphs)."""
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_allreduce.py"), "--backend", "gloo",
+                           "--rows", "1,8", "--hidden", "256", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "allreduce.json").read_text())["results"]
+    assert [(r["dtype"], r["rows"], r["method"]) for r in results] == [
+        ("bf16", 1, "gloo"), ("bf16", 8, "gloo"), ("fp32", 1, "gloo"), ("fp32", 8, "gloo")]
+    assert all(r["exact"] and r["us"] > 0 for r in results)
+    assert "gloo" in done.stdout

@@ -14,6 +14,8 @@
 #   bash tools/gpu_check.sh --tests none --bench-args "--skip-hf --skip-structured"
 # (--tp-tests: the tensor-parallel block even with --tests none; it installs the server wheels.)
 set -uo pipefail
+# NVLink multicast stays off in everything this starts (the device notes: it can take the host's GPUs down)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 SHAPE=llama3-8b; REQUESTS=256; TESTS="tests/gpu"; HF=""; TEST_TIMEOUT=240; EXTRA=""; SERVER=0; BENCH=1; TP_TESTS=0
 while [ $# -gt 0 ]; do case "$1" in
   --shape) SHAPE=$2; shift 2;; --requests) REQUESTS=$2; shift 2;; --tests) TESTS=$2; shift 2;;
@@ -60,6 +62,7 @@ python3 tools/bench_gpu.py --shape "$SHAPE" --tokenizer .carry/llama3-tokenizer.
   | tee "$OUT/bench_gpu.log" | grep -v "^\[bench_gpu.*verifying"
 if [ "$GPUS" -ge 2 ]; then  # the decode figures and the serving workload at --tensor-parallel 2, beside N = 1's
   mkdir -p "$OUT/tp2"
+  python3 tools/bench_allreduce.py --out "$OUT/tp2" 2>&1 | tee "$OUT/allreduce.log"  # the sums a TP step makes
   python3 tools/bench_gpu.py --shape "$SHAPE" --tokenizer .carry/llama3-tokenizer.json --requests "$REQUESTS" \
     --tensor-parallel 2 --skip-hf --skip-structured --out "$OUT/tp2" 2>&1 | tee "$OUT/bench_gpu_tp2.log" \
     | grep -v "^\[bench_gpu.*verifying"
