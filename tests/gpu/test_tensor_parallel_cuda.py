@@ -3,10 +3,10 @@ issue 28's machine; skipped below two GPUs (NCCL refuses two ranks on one device
 
 - float32 tiny Llama and Qwen3 models: two ranks' greedy tokens are transformers' own;
 - a random bf16 Llama-3-8B-shaped core (the benchmark's, tools/bench_gpu.py): two ranks follow
-  one rank's greedy tokens up to a near-tie (see the test for why not further). The core is built where FLARE_BENCH_WORKDIR
-  says (tools/gpu_check.sh shares /tmp/flare-bench with the benchmark that follows), else in
-  the test's own directory; it needs the Llama 3 tokenizer that tools/prepare_device.py
-  carries (.carry/llama3-tokenizer.json, or FLARE_LLAMA3_TOKENIZER).
+  one rank's greedy tokens up to a near-tie (the test says why not further). The core is built
+  where FLARE_BENCH_WORKDIR says (tools/gpu_check.sh shares /tmp/flare-bench with the benchmark
+  that follows), else in the test's own directory; it needs the Llama 3 tokenizer that
+  tools/prepare_device.py carries (.carry/llama3-tokenizer.json, or FLARE_LLAMA3_TOKENIZER).
 """
 
 from __future__ import annotations
