@@ -24,21 +24,12 @@ from flare.engine.model import NativeModel
 from flare.request import FinishEvent, SamplingParams, TokenEvent
 from tests.model.harness import save_tiny
 from tests.model.test_parity_tiny import _make, _prompt, _reference
+from tests.runtime.test_tensor_parallel_ranks import greedy
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 64
-
-
-def greedy(model: NativeModel, prompts: list[list[int]], steps: int) -> list[list[int]]:
-    out = []
-    for prompt in prompts:
-        events = list(model.generate(prompt, SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True),
-                                     timeout=300))
-        assert isinstance(events[-1], FinishEvent), events[-1]
-        out.append([t for e in events if isinstance(e, TokenEvent) for t in e.token_ids])
-    return out
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
