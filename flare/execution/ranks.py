@@ -25,7 +25,9 @@ Failure:
   waits on it, fails the executor with an error naming the rank. A stopped rank leaves the
   others blocked inside a collective, so only its silence names it.
 - The runtime then ends every request with that error, and the server exits 1.
-- :meth:`TensorParallelExecutor.close` drains every rank and waits for their processes.
+- :meth:`TensorParallelExecutor.close` drains every rank and waits for their processes; after
+  a failure it first aborts NCCL's communicators (:func:`abort_nccl`: a GPU collective waiting on a
+  dead peer would spin forever) and kills the ranks that do not exit.
 
 Ranks meet through a :class:`RankPlan`. On one host, :func:`start_ranks` spawns ranks
 1..N-1 as processes of their own session, so a Ctrl-C at the terminal reaches only
@@ -333,6 +335,8 @@ class TensorParallelExecutor(FenceTimeline):
                 link.send(("close",))
             except ExecutionError:
                 pass
+        if failed:
+            abort_nccl()
         closer = threading.Thread(target=self.local.close, name="flare-rank0-close", daemon=True)
         closer.start()
         # A failed group cannot drain: its collectives wait on the failed rank. Its ranks get half a
@@ -358,6 +362,23 @@ class TensorParallelExecutor(FenceTimeline):
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def abort_nccl() -> None:
+    """Abort this process's NCCL communicators, if it has any: a GPU rank's collective waiting on a
+    dead or stopped peer spins on the device until its communicator is aborted (the peer's socket
+    closing, which ends a gloo collective, does not reach it), so rank 0's executor could not
+    leave the step it is in. Gloo groups are left to their sockets."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_backend() != "nccl":
+        return
+    try:
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()
+    except Exception as exc:  # noqa: BLE001 - the exit goes on without it
+        log.warning("could not abort the NCCL communicator: %s", exc)
 
 
 class RankGroup:
