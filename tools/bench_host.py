@@ -42,14 +42,21 @@ def cost_model(args):
     batch-64 step times (and on past 64), prefill the weight pass plus compute per token, a
     mixed step a fixed part plus compute per prompt-capacity token and per decode row (its
     graph runs its whole capacity, padding included). Defaults: the H200 Llama-3-8B graph
-    estimates of docs/benchmarks.md ("Serving under load")."""
+    estimates of docs/benchmarks.md ("Serving under load"). With ``--gemm-tile T`` a mixed
+    step's flat stream (p + w rows) is charged whole tiles of T rows: the rows past the last
+    tile boundary cost a tile at the prompt-token rate (docs/benchmarks.md, "2026-12-05: what 64
+    riding decoders cost": p1024 w64 30.3 ms against p960 w64 27.9 on the H200; T = 128 charges
+    2.9 ms for the 64 prompt tokens between them)."""
     from flare.contract import GraphKind
 
     def device_time(graph) -> float:
         if graph.kind == GraphKind.DECODE:
             ms = args.decode_ms + (args.decode_ms_64 - args.decode_ms) * (graph.batch - 1) / 63
         elif graph.kind == GraphKind.MIXED:
-            ms = args.mixed_ms + args.prefill_ms_per_token * graph.tokens + args.mixed_ms_per_row * graph.width
+            stream = graph.tokens + graph.width
+            padding = -stream % args.gemm_tile
+            ms = (args.mixed_ms + args.prefill_ms_per_token * (graph.tokens + padding)
+                  + args.mixed_ms_per_row * graph.width)
         elif graph.kind == GraphKind.PREFILL:
             ms = args.decode_ms + args.prefill_ms_per_token * graph.batch * graph.tokens
         else:  # initialize / snapshot / restore / resume: small copies and a sample
@@ -103,6 +110,7 @@ def main() -> int:
     parser.add_argument("--mixed-ms", type=float, default=1.5, help="simulated mixed step: fixed part")
     parser.add_argument("--mixed-ms-per-row", type=float, default=0.085, help="simulated mixed step: per decode row")
     parser.add_argument("--small-ms", type=float, default=0.05)
+    parser.add_argument("--gemm-tile", type=int, default=1, help="a mixed step's p + w rows charged in whole tiles")
     args = parser.parse_args()
 
     engine, contract = build_engine(args)
