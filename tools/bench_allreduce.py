@@ -7,7 +7,9 @@ Issue 28's batch-1 goal (a step at N = 2 at most 0.6x the N = 1 step) leaves the
 about 0.3 ms of the step: a decoder layer sums its o and down products across ranks, 65
 all-reduces a Llama-3-8B step. This measures what one costs at the sizes a step sums (hidden x
 rows, bf16 and float32), each in a graph of 64 back to back as the captured steps run them, and
-checks each method's sum against the exact one.
+checks each method's sums against the exact ones: the calls cycle through four different
+partials, so a method whose next call overwrites a buffer a peer is still reading is caught
+(symmetric-memory all-reduces reuse one buffer, as a step would).
 
     python3 tools/bench_allreduce.py [--world 2] [--rows 1,8,64,512,2048] [--hidden 4096]
     python3 tools/bench_allreduce.py --backend gloo   # the CPU smoke run: no graphs, NCCL's role played by gloo
@@ -36,6 +38,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 CALLS = 64  # all-reduces a graph holds (a decoder step sums 2 a layer)
 REPLAYS = 20
+SLOTS = 4  # distinct partials the calls cycle through
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -45,33 +48,35 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _inputs(rows: int, hidden: int, dtype: torch.dtype, rank: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s partial and the exact sum every rank should get (integers: exact in bf16)."""
+def _inputs(rows: int, hidden: int, dtype: torch.dtype, rank: int,
+            device: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Rank ``rank``'s SLOTS partials (partial j is base * (rank + 1) + j) and base: integers,
+    exact in bf16, so every sum is exact."""
     g = torch.Generator().manual_seed(rows)
     base = torch.randint(-8, 8, (rows, hidden), generator=g).float()
-    return (base * (rank + 1)).to(dtype).to(device), base
+    return [(base * (rank + 1) + j).to(dtype).to(device) for j in range(SLOTS)], base
 
 
 def _time_graph(run, device: str) -> float:
-    """Seconds one call of ``run`` takes, from a graph of CALLS calls replayed REPLAYS times
-    (eagerly, CALLS x REPLAYS times, off the GPU)."""
+    """Seconds one call takes, from a graph of CALLS calls (call i: ``run(i)``) replayed REPLAYS
+    times (eagerly, CALLS calls, off the GPU)."""
     if device == "cpu":
-        run()
+        run(0)
         start = time.perf_counter()
-        for _ in range(CALLS):
-            run()
+        for i in range(CALLS):
+            run(i)
         return (time.perf_counter() - start) / CALLS
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):
-            run()
+        for i in range(3):
+            run(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            run()
+        for i in range(CALLS):
+            run(i)
     graph.replay()
     torch.cuda.synchronize()
     dist.barrier()
@@ -82,38 +87,44 @@ def _time_graph(run, device: str) -> float:
     return (time.perf_counter() - start) / (REPLAYS * CALLS)
 
 
-def _methods(rows: int, hidden: int, dtype: torch.dtype, rank: int, device: str, group_name: str, failed: list):
-    """name -> (run, result): each method summing this rank's partial; ``run`` is capturable.
-    A method this build cannot set up is left out, its error appended to ``failed``."""
-    partial, _ = _inputs(rows, hidden, dtype, rank, device)
-    nccl = partial.clone()
+def _methods(partials: list[torch.Tensor], device: str, group_name: str, failed: list) -> dict:
+    """name -> (run, outs): ``run(i)`` sums partial ``i % SLOTS`` of every rank into ``outs[i %
+    SLOTS]`` and is capturable. Calls back to back cycle through the slots, so a method whose
+    next call overwrites what a peer is still reading sums wrong. A method this build cannot set
+    up is left out, its error appended to ``failed``."""
+    outs = [torch.empty_like(p) for p in partials]
 
-    def run_nccl():
-        nccl.copy_(partial)  # a step's partial is fresh each time; the copy is in every method
-        dist.all_reduce(nccl)
+    def run_collective(i: int) -> None:
+        j = i % SLOTS
+        outs[j].copy_(partials[j])  # a step's partial is fresh each time; the copy is in every method
+        dist.all_reduce(outs[j])
 
-    methods = {dist.get_backend(): (run_nccl, lambda: nccl)}
+    methods = {dist.get_backend(): (run_collective, outs)}
     if device == "cpu":
         return methods
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
-        buffer = symm_mem.empty(rows, hidden, dtype=dtype, device=device)
+        buffer = symm_mem.empty(*partials[0].shape, dtype=partials[0].dtype, device=device)
         symm_mem.rendezvous(buffer, group_name)
     except Exception as exc:  # noqa: BLE001 - a method this build lacks is a finding, not a crash
         failed.append(f"{type(exc).__name__}: {exc}")
         return methods
-    out = torch.empty_like(partial)
+    one_shot_outs = [torch.empty_like(p) for p in partials]
+    two_shot_outs = [torch.empty_like(p) for p in partials]
 
-    def run_one_shot():
-        out.copy_(torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, partial, "sum", group_name))
+    def run_one_shot(i: int) -> None:
+        j = i % SLOTS
+        one_shot_outs[j].copy_(torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, partials[j], "sum", group_name))
 
-    def run_two_shot():
-        buffer.copy_(partial)
+    def run_two_shot(i: int) -> None:
+        j = i % SLOTS
+        buffer.copy_(partials[j])
         torch.ops.symm_mem.two_shot_all_reduce_(buffer, "sum", group_name)
+        two_shot_outs[j].copy_(buffer)
 
-    methods["symm_one_shot"] = (run_one_shot, lambda: out)
-    methods["symm_two_shot"] = (run_two_shot, lambda: buffer)
+    methods["symm_one_shot"] = (run_one_shot, one_shot_outs)
+    methods["symm_two_shot"] = (run_two_shot, two_shot_outs)
     return methods
 
 
@@ -124,24 +135,23 @@ def _worker(rank: int, world: int, port: int, args, results) -> None:
     dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     group_name = dist.group.WORLD.group_name
     scale = sum(r + 1 for r in range(world))
-    rows_list = [int(r) for r in args.rows.split(",")]
     for dtype_name, dtype in DTYPES.items():
-        for rows in rows_list:
-            _, exact = _inputs(rows, args.hidden, dtype, rank, device)
+        for rows in [int(r) for r in args.rows.split(",")]:
+            partials, base = _inputs(rows, args.hidden, dtype, rank, device)
             failed: list[str] = []
-            methods = _methods(rows, args.hidden, dtype, rank, device, group_name, failed)
+            methods = _methods(partials, device, group_name, failed)
             if failed and rank == 0:
                 results.append({"dtype": dtype_name, "rows": rows, "method": "symm_mem", "error": failed[0]})
-            for name, (run, result) in methods.items():
+            for name, (run, outs) in methods.items():
                 entry = {"dtype": dtype_name, "rows": rows, "method": name,
-                         "bytes": rows * args.hidden * torch.tensor([], dtype=dtype).element_size()}
+                         "bytes": partials[0].numel() * partials[0].element_size()}
                 try:
-                    seconds = _time_graph(run, device)
-                    run()
+                    entry["us"] = round(_time_graph(run, device) * 1e6, 2)
                     if device != "cpu":
                         torch.cuda.synchronize()
-                    entry["us"] = round(seconds * 1e6, 2)
-                    entry["exact"] = bool(torch.equal(result().float().cpu(), exact * scale))
+                    # the last call to write slot j summed partial j: base * scale + world * j
+                    entry["exact"] = all(torch.equal(out.float().cpu(), base * scale + world * j)
+                                         for j, out in enumerate(outs))
                 except Exception as exc:  # noqa: BLE001
                     entry["error"] = f"{type(exc).__name__}: {exc}"
                 if rank == 0:
