@@ -131,6 +131,7 @@ class ModelRuntime:
                  capacity: int, capacity_hint: str = "", name: str = "flare-model"):
         self.scheduler = scheduler
         self.executor = executor
+        scheduler.seed_estimates(executor.graph_estimates_ns)
         self.inputs = Inputs(scheduler.contract)
         self.decoder_factory = decoder_factory
         self.capacity = capacity

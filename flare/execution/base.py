@@ -120,6 +120,11 @@ class Executor(Protocol):
     def completed_fence(self) -> int:
         """The highest fence whose completion has been returned by poll."""
 
+    @property
+    def graph_estimates_ns(self) -> Sequence[int]:
+        """Each graph's device time measured before serving, by graph index (0 or an empty
+        sequence: not measured); the scheduler's first estimates."""
+
     def can_submit(self) -> bool:
         """A frame is free, the executor is neither poisoned nor closed, and no step is held."""
 

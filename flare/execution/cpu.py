@@ -45,6 +45,10 @@ class CpuExecutor(FenceTimeline):
     # -- interface -------------------------------------------------------------
 
     @property
+    def graph_estimates_ns(self) -> tuple[int, ...]:
+        return ()  # the CPU programs are not timed ahead: the scheduler measures them as they run
+
+    @property
     def outstanding(self) -> int:
         return self._outstanding
 

@@ -78,7 +78,7 @@ class GraphExecutor(FenceTimeline):
     """The executor interface (flare.execution.base) over captured CUDA graphs."""
 
     def __init__(self, owner, contract, buffers: dict, graph_execs: Sequence[int],
-                 part_handles: dict[int, tuple[int, int]] | None = None):
+                 part_handles: dict[int, tuple[int, int]] | None = None, estimates_ns: Sequence[int] = ()):
         import torch
 
         cu = _driver()
@@ -117,12 +117,17 @@ class GraphExecutor(FenceTimeline):
                        for i, (f, p) in (part_handles or {}).items()}
         self._closed = False
         self.drained = False
+        self._estimates_ns = tuple(int(ns) for ns in estimates_ns)
 
     # -- interface ---------------------------------------------------------------
 
     @property
     def outstanding(self) -> int:
         return len(self._pending)
+
+    @property
+    def graph_estimates_ns(self) -> tuple[int, ...]:
+        return self._estimates_ns  # the capture's timed replays (model/capture.py)
 
     def can_submit(self) -> bool:
         return bool(self._free) and self._poison is None and not self._closed and self._held is None
@@ -322,4 +327,5 @@ def make_cuda_executor(loaded, progress: Progress | None = None) -> GraphExecuto
 
     owner = capture_graphs(loaded.programs, progress)
     ExecutionManifest.from_contract(loaded.contract, loaded.programs.buffers, owner.exec_handles).validate()
-    return GraphExecutor(owner, loaded.contract, loaded.programs.buffers, owner.exec_handles, owner.part_handles)
+    return GraphExecutor(owner, loaded.contract, loaded.programs.buffers, owner.exec_handles, owner.part_handles,
+                         owner.replay_ns)

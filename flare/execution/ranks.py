@@ -229,6 +229,10 @@ class TensorParallelExecutor(FenceTimeline):
         return self.local.outstanding
 
     @property
+    def graph_estimates_ns(self) -> Sequence[int]:
+        return self.local.graph_estimates_ns
+
+    @property
     def poisoned(self) -> BaseException | None:
         return self._failure or self.local.poisoned
 

@@ -8,6 +8,13 @@ persistent buffers allocated before capture (slot state, KV pages, snapshot
 rows, outputs); only intermediates come from the pool, and graphs replay
 serialized on one stream, so their pooled intermediates never overlap in time.
 
+Then each graph is replayed once more and timed (``replay_ns``): the scheduler's
+first estimates, so that live requests do not pay for learning them. The
+replays run the warm-up's inputs (every row a padding row on scratch slot 0),
+so a graph's attention sees no keys and its estimate runs a little short until
+its first real step replaces it. One rank of a tensor-parallel model skips
+them: its graphs' collectives need every rank replaying in step.
+
 The returned :class:`CapturedGraphs` owns the graphs, the pool and the
 programs; the executor holds it until its streams have drained.
 """
@@ -36,6 +43,7 @@ class CapturedGraphs:
     # the variants of one batch capacity share their forward part.
     part_graphs: dict = field(default_factory=dict)
     part_handles: dict[int, tuple[int, int]] = field(default_factory=dict)
+    replay_ns: list[int] = field(default_factory=list)  # each graph's timed replay (empty: not timed)
 
 
 def _size(graph) -> tuple[int, int]:
@@ -122,7 +130,32 @@ def capture_graphs(programs: StepPrograms, progress: Progress | None = None, *,
         torch.cuda.synchronize(programs.device)
     handles = [_exec_handle(cg) for cg in graphs]
     part_handles = {index: (_exec_handle(fwd), _exec_handle(smp)) for index, (fwd, smp) in parts.items()}
-    return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start, parts, part_handles)
+    replay_ns = [] if programs.decoder.tensor_parallel is not None else _time_replays(graphs, handles, stream,
+                                                                                      progress)
+    return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start, parts, part_handles,
+                          replay_ns)
+
+
+def _time_replays(graphs: list, handles: list[int], stream, progress) -> list[int]:
+    """Each graph's device time in one replay (ns, by graph index). Every executable is
+    uploaded first, so a replay's time is its kernels', not the upload of its nodes."""
+    from cuda.bindings import driver
+
+    raw_stream = driver.CUstream(stream.cuda_stream)
+    for handle in handles:
+        err, = driver.cuGraphUpload(driver.CUgraphExec(handle), raw_stream)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuGraphUpload failed: {err.name}")
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(graphs) + 1)]
+    with progress.task("timing the CUDA graphs", total=len(graphs), unit="graphs") as advance:
+        with torch.cuda.stream(stream):
+            marks[0].record()
+            for graph, mark in zip(graphs, marks[1:]):
+                graph.replay()
+                mark.record()
+                advance()
+        stream.synchronize()
+    return [max(1, int(a.elapsed_time(b) * 1e6)) for a, b in zip(marks, marks[1:])]
 
 
 def _capture_parts(programs: StepPrograms, decodes: list, pool, stream, warmup: int, advance: Advance) -> dict:

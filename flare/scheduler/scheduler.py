@@ -244,6 +244,15 @@ class RequestScheduler:
         """Pages still to assign so that positions [0, positions) are mapped."""
         return max(0, self.pages_for(positions) - len(r.pages))
 
+    def seed_estimates(self, durations_ns) -> None:
+        """Start from the executor's timings of the graphs (ns by graph index, 0 where unknown)
+        instead of unmeasured estimates: an unmeasured graph outranks every measured one and
+        runs alone, so without seeds the first requests served pay for running each graph once
+        (docs/scheduler.md, "Timing estimates")."""
+        now = self.clock()
+        for index, ns in enumerate(durations_ns):
+            self.timing.seed(index, int(ns), now)
+
     def graphs_of(self, kind: GraphKind) -> list[GraphSpec]:
         return self._graphs[kind]
 

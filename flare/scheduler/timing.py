@@ -1,10 +1,13 @@
 """Graph duration estimates and the funded refresh of stale ones.
 
-Every captured graph shape has an estimate that starts unmeasured. The first
-valid observation sets it; later fresh observations keep the median of the
-last nine. After ``freshness`` seconds without a valid observation the
-estimate is stale: still used for selection, replaced outright by the next
-observation.
+Every captured graph shape has an estimate that starts unmeasured, or seeded:
+the executor timed the graph before serving (the CUDA executor replays each
+captured graph once at load), and the scheduler starts from that instead of
+running every graph once on live requests to learn it. A seed is used as
+measured and replaced outright by the first valid observation. Later fresh
+observations keep the median of the last nine. After ``freshness`` seconds
+without a valid observation the estimate is stale: still used for selection,
+replaced outright by the next observation.
 
 Refreshing a stale estimate means running a graph the policy would not pick
 on merit. Ordinary execution funds that: each valid observation earns
@@ -26,6 +29,7 @@ class _Estimate:
     value_ns: int = 0  # 0 = unmeasured
     last_observed: float = float("-inf")
     last_attempt: float = float("-inf")
+    seeded: bool = False  # value_ns came from seed(), not from serving
 
 
 class TimingEstimates:
@@ -57,13 +61,25 @@ class TimingEstimates:
     def attempted(self, graph: int, now: float) -> None:
         self._estimates[graph].last_attempt = now
 
+    def seed(self, graph: int, duration_ns: int, now: float) -> None:
+        """A first estimate from outside serving (the graph timed at load, with padding rows):
+        used as measured and fresh from ``now``; the first valid observation replaces it. An
+        estimate that serving has already measured is kept."""
+        e = self._estimates[graph]
+        if duration_ns <= 0 or (e.value_ns and not e.seeded):
+            return
+        e.observations.clear()
+        e.value_ns, e.seeded, e.last_observed = int(duration_ns), True, now
+        self.version += 1
+
     def observe(self, graph: int, duration_ns: int, now: float) -> None:
         """Record a valid completion's measured duration."""
         if duration_ns <= 0:
             return
         e = self._estimates[graph]
-        if e.value_ns == 0 or now - e.last_observed > self.freshness_s:
+        if e.value_ns == 0 or e.seeded or now - e.last_observed > self.freshness_s:
             e.observations.clear()
+            e.seeded = False
         e.observations.append(int(duration_ns))
         ordered = sorted(e.observations)
         value = ordered[len(ordered) // 2]

@@ -129,6 +129,13 @@ class FakeExecutor(FenceTimeline):
         self._held: tuple | None = None  # (fence, graph index, uploads) of a held step
 
     @property
+    def graph_estimates_ns(self) -> tuple[int, ...]:
+        """The simulated device's cost of each graph, as the CUDA executor times its graphs at load."""
+        if self.device_time is None:
+            return ()
+        return tuple(int(self.device_time(g) * 1e9) for g in self.contract.graphs)
+
+    @property
     def outstanding(self) -> int:
         return len(self._queue) + (self._held is not None)
 

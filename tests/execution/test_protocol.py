@@ -20,7 +20,8 @@ from flare.execution.ranks import TensorParallelExecutor
 from flare.testing.fake_executor import FakeExecutor
 
 IMPLEMENTATIONS = (CpuExecutor, GraphExecutor, FakeExecutor, TensorParallelExecutor)
-MEMBERS = ("next_fence", "outstanding", "completed_fence", "can_submit", "submit", "poll", "release", "close")
+MEMBERS = ("next_fence", "outstanding", "completed_fence", "graph_estimates_ns", "can_submit", "submit", "poll",
+           "release", "close")
 
 
 def _parameters(member) -> list[tuple[str, object, object]]:

@@ -146,6 +146,36 @@ def test_rejected_uploads_leave_the_executor_usable(h):
     assert h.executor.poll(timeout=30).error is None
 
 
+def test_the_capture_times_every_graph(h):
+    """Each captured graph is replayed once more at load and timed (model/capture.py): the
+    scheduler's first estimates. The module's other tests run on graphs replayed that way."""
+    estimates = h.executor.graph_estimates_ns
+    assert len(estimates) == len(h.contract.graphs)
+    assert all(0 < ns < 5_000_000_000 for ns in estimates), estimates
+
+
+def test_a_loaded_model_starts_from_the_captured_timings(tmp_path):
+    from flare.config import EngineConfig
+    from flare.core.export import ExportOptions, export_core
+    from flare.engine.model import NativeModel
+    from tests.runtime.speculative_support import run
+
+    ckpt = save_tiny(_make("llama"), tmp_path / "ckpt")
+    export_core(ckpt, tmp_path / "core", ExportOptions(context=512, prefill_chunk_size=64, max_active=4,
+                                                       dtype="bfloat16", mixed_prefill=True))
+    model = NativeModel.load(tmp_path / "core", EngineConfig(device="cuda", kv_memory_bytes=64 << 20))
+    try:
+        timing, seeds = model.runtime.scheduler.timing, model.executor.graph_estimates_ns
+        assert len(seeds) == len(model.loaded.contract.graphs)
+        assert [timing.estimate_ns(i) for i in range(len(seeds))] == list(seeds)
+        tokens = run(model, list(range(3, 40)), temperature=0.0, max_tokens=8, ignore_eos=True)[0]
+        assert len(tokens) == 8
+        used = {i for i in range(len(seeds)) if timing.estimate_ns(i) != seeds[i]}
+        assert used, "the steps served replace the seeds of their graphs"
+    finally:
+        model.close()
+
+
 def _fresh_executor(tmp_path):
     from flare.execution.cuda import GraphExecutor
     from flare.model.capture import capture_graphs

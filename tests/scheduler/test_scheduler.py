@@ -379,6 +379,52 @@ def test_timing_staleness_and_refresh_budget():
     assert t.credit_ns <= 0
 
 
+def test_a_seeded_estimate_is_used_as_measured_until_the_first_observation_replaces_it():
+    sched, ex, d, clock = make(pages=200)
+    t = sched.timing
+    decode = sched.contract.graph(GraphKind.DECODE, 1, greedy=True).index
+    prefill = sched.graphs_of(GraphKind.PREFILL)[0].index
+    seeds = [0] * len(sched.contract.graphs)
+    seeds[decode] = 4_000_000
+    sched.seed_estimates(seeds)
+    assert t.is_measured(decode) and t.estimate_ns(decode) == 4_000_000 and not t.is_stale(decode, clock.now)
+    assert not any(t.is_measured(i) for i in range(len(seeds)) if i != decode), "a zero seed is no estimate"
+    assert not t.is_measured(prefill)
+    t.observe(decode, 9_000_000, clock.now)
+    t.observe(decode, 1_000_000, clock.now)
+    assert t.estimate_ns(decode) == 9_000_000  # the median of the two observations: the seed is gone
+    sched.seed_estimates([5_000_000] * len(seeds))
+    assert t.estimate_ns(decode) == 9_000_000, "a seed never overrides what serving measured"
+    clock.now += 31
+    assert t.is_stale(decode, clock.now)
+    other = next(i for i in range(len(seeds)) if i != decode)
+    assert t.is_stale(other, clock.now), "an unused seed goes stale like a measured estimate"
+
+
+def test_seeded_estimates_let_the_first_steps_pipeline():
+    """Unmeasured graphs run alone (the window drains for each); with the executor's timings
+    seeded, no step of the first request waits for that, and its steps queue from the start."""
+    runs = {}
+    for seeded in (True, False):
+        sched, ex, d, clock = make(pages=200, manual=True)
+        if seeded:
+            sched.seed_estimates([1_000_000] * len(sched.contract.graphs))
+        rid = sched.submit(prompt(tokens(62, 10)), params(40), 1)
+        depths = []
+        for _ in range(200):
+            d.pump()
+            depths.append(len(sched.inflight))
+            ex.step()
+            if rid in d.ended:
+                break
+        assert d.ended[rid].reason == "length" and d.tokens[rid] == alone(tokens(62, 10), 40, 1)
+        runs[seeded] = (depths, [s.plan.estimate_ns for s in d.steps])
+    depths, estimates = runs[True]
+    assert all(estimates) and depths[:3] == [1, 1, 3], depths[:3]  # the first decode queues behind the prefill
+    depths, estimates = runs[False]
+    assert estimates.count(0) >= 3 and depths[:3] == [1, 1, 1], depths[:3]
+
+
 def test_stale_dispatch_drains_the_window_and_refreshes():
     sched, ex, d, clock = make(pages=200, manual=True)
     sched.submit(prompt(tokens(61, 10)), params(200), 1)
