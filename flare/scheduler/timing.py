@@ -4,7 +4,8 @@ Every captured graph shape has an estimate that starts unmeasured, or seeded:
 the executor timed the graph before serving (the CUDA executor replays each
 captured graph once at load), and the scheduler starts from that instead of
 running every graph once on live requests to learn it. A seed is used as
-measured and replaced outright by the first valid observation. Later fresh
+measured, never goes stale, and is replaced outright by the first valid
+observation. Later fresh
 observations keep the median of the last nine. After ``freshness`` seconds
 without a valid observation the estimate is stale: still used for selection,
 replaced outright by the next observation.
@@ -51,7 +52,9 @@ class TimingEstimates:
 
     def is_stale(self, graph: int, now: float) -> bool:
         e = self._estimates[graph]
-        return e.value_ns > 0 and now - e.last_observed > self.freshness_s
+        # a seed waits for its graph's first real step, which replaces it: a stale winner would
+        # drain the window to run alone, as an unmeasured graph does
+        return e.value_ns > 0 and not e.seeded and now - e.last_observed > self.freshness_s
 
     def refresh_order(self, graph: int) -> float:
         """Stale candidates refresh oldest first: the later of last observation and attempt."""
@@ -63,8 +66,8 @@ class TimingEstimates:
 
     def seed(self, graph: int, duration_ns: int, now: float) -> None:
         """A first estimate from outside serving (the graph timed at load, with padding rows):
-        used as measured and fresh from ``now``; the first valid observation replaces it. An
-        estimate that serving has already measured is kept."""
+        used as measured and never stale; the first valid observation replaces it. An estimate
+        that serving has already measured is kept."""
         e = self._estimates[graph]
         if duration_ns <= 0 or (e.value_ns and not e.seeded):
             return

@@ -398,7 +398,11 @@ def test_a_seeded_estimate_is_used_as_measured_until_the_first_observation_repla
     clock.now += 31
     assert t.is_stale(decode, clock.now)
     other = next(i for i in range(len(seeds)) if i != decode)
-    assert t.is_stale(other, clock.now), "an unused seed goes stale like a measured estimate"
+    assert t.is_measured(other) and not t.is_stale(other, clock.now), "a seed waits for its graph's first step"
+    t.observe(other, 7_000_000, clock.now)
+    assert t.estimate_ns(other) == 7_000_000
+    clock.now += 31
+    assert t.is_stale(other, clock.now)
 
 
 def test_seeded_estimates_let_the_first_steps_pipeline():
