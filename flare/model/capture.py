@@ -21,6 +21,7 @@ programs; the executor holds it until its streams have drained.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,6 +31,8 @@ import torch
 from ..contract import GraphKind
 from ..progress import Advance, Progress, reporter
 from .programs import StepPrograms
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -130,8 +133,12 @@ def capture_graphs(programs: StepPrograms, progress: Progress | None = None, *,
         torch.cuda.synchronize(programs.device)
     handles = [_exec_handle(cg) for cg in graphs]
     part_handles = {index: (_exec_handle(fwd), _exec_handle(smp)) for index, (fwd, smp) in parts.items()}
-    replay_ns = [] if programs.decoder.tensor_parallel is not None else _time_replays(graphs, handles, stream,
-                                                                                      progress)
+    replay_ns = []
+    if programs.decoder.tensor_parallel is None:
+        try:
+            replay_ns = _time_replays(graphs, handles, stream, progress)
+        except (RuntimeError, TypeError, AttributeError) as exc:  # timings only speed up the start
+            log.warning("graph timings not taken (%s): the scheduler measures each graph as it first runs", exc)
     return CapturedGraphs(programs, graphs, pool, handles, time.perf_counter() - start, parts, part_handles,
                           replay_ns)
 
