@@ -5,10 +5,9 @@ the executor timed the graph before serving (the CUDA executor replays each
 captured graph once at load), and the scheduler starts from that instead of
 running every graph once on live requests to learn it. A seed is used as
 measured, never goes stale, and is replaced outright by the first valid
-observation. Later fresh
-observations keep the median of the last nine. After ``freshness`` seconds
-without a valid observation the estimate is stale: still used for selection,
-replaced outright by the next observation.
+observation. Later fresh observations keep the median of the last nine. After
+``freshness`` seconds without a valid observation the estimate is stale: still
+used for selection, replaced outright by the next observation.
 
 Refreshing a stale estimate means running a graph the policy would not pick
 on merit. Ordinary execution funds that: each valid observation earns
