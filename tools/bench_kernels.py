@@ -20,12 +20,17 @@ Sections (all by default, or pick with --only):
   step        all 32 layers' qkv/o/gate_up/down plus lm_head (15.0 GB of bf16) in one
               graph, through the `linear` selector against F.linear: the weight-streaming
               floor of a decode step
+  sampling    the sampling variant's token choice over Llama 3's 128,256 logits
+              (kernels.sampling.sample_tokens) against the sorted torch sampler it replaced
+              (penalties, Philox, sort, filters, inverse CDF), with the greedy kernel and
+              the logprob outputs (log_softmax, top 20) beside them; rows with temperature
+              only and with Ollama's defaults (0.8, top_k 40, top_p 0.9)
 --sweep gemv,attention times grids of launch shapes (GemvConfig per GEMV shape;
 decode split counts and stages; prefill block shapes, also over packed rows, with and
 without the unmasked steps) and prints the best; --sweep prefill times the prefill part
 alone.
 
-    python tools/bench_kernels.py [--only attention,elementwise,gemv,step] [--sweep gemv,attention,prefill]
+    python tools/bench_kernels.py [--only attention,elementwise,gemv,step,sampling] [--sweep gemv,attention,prefill]
                                   [--json PATH]
 
 The last line printed is one JSON object.
@@ -320,6 +325,61 @@ def bench_elementwise(ceiling: float, results: dict) -> None:
     torch.cuda.empty_cache()
 
 
+def _sorted_sampler(logits, sampling, out_counts, prompt_counts, slots, do_sample, slot_token, seeds, generated):
+    """The sampling variant's token choice before the sort-free rounds (up to 2026-12-06): torch
+    penalties, Philox, the vocabulary sorted per row, the filters and the inverse CDF."""
+    from flare.model.sampling import _filtered, _invert, _is_greedy, apply_penalties, philox_uniform
+
+    params = sampling[slots]
+    penalized = apply_penalties(logits, params, out_counts[slots], prompt_counts[slots] > 0)
+    kept, order, keep = _filtered(penalized, params)
+    token = _invert(kept, order, keep.sum(dim=-1, keepdim=True) - 1, philox_uniform(seeds[slots], generated[slots]))
+    token = torch.where(_is_greedy(params), penalized.argmax(dim=-1), token)
+    return torch.where(do_sample, token, slot_token[slots])
+
+
+def bench_sampling(results: dict, batches=(1, 8, 64, 128, 256)) -> None:
+    from flare.contract import (
+        SAMPLING_COLUMNS,
+        SAMPLING_REPETITION,
+        SAMPLING_TEMPERATURE,
+        SAMPLING_TOP_K,
+        SAMPLING_TOP_P,
+    )
+    from flare.model.kernels.sampling import greedy_tokens, sample_tokens
+
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    print("\n== sampling variant's token choice, 128,256 logits: us per call ==")
+    row("rows", "params", "sort-free", "sorted torch", "greedy kernel", "logprobs")
+    for label, temperature, top_k, top_p in (("temperature 1", 1.0, 0, 1.0), ("ollama 0.8/40/0.9", 0.8, 40, 0.9)):
+        for b in batches:
+            slots = b + 1
+            sampling = torch.zeros(slots, SAMPLING_COLUMNS, device=DEV)
+            sampling[:, SAMPLING_REPETITION] = 1.0
+            sampling[:, SAMPLING_TEMPERATURE] = temperature
+            sampling[:, SAMPLING_TOP_K] = top_k
+            sampling[:, SAMPLING_TOP_P] = top_p
+            counts = torch.zeros(slots, VOCAB, dtype=torch.int32, device=DEV)
+            seeds = torch.arange(slots, dtype=torch.int64, device=DEV)
+            generated = torch.zeros(slots, dtype=torch.int64, device=DEV)
+            slot_ids = torch.arange(1, b + 1, device=DEV)
+            yes = torch.ones(b, dtype=torch.bool, device=DEV)
+            token = torch.zeros(slots, dtype=torch.int64, device=DEV)
+            copies = rotations(b * VOCAB * 4, cap=8)
+            # peaked like a language model's: a few likely tokens over a long tail
+            xs = [torch.randn(b, VOCAB, device=DEV, generator=gen) * 2.0 for _ in range(copies)]
+            args = [(x, sampling, counts, counts, slot_ids, yes, token, seeds, generated) for x in xs]
+            ours = graph_us([lambda a=a: sample_tokens(*a) for a in args])
+            ref = graph_us([lambda a=a: _sorted_sampler(*a) for a in args])
+            greedy = graph_us([lambda a=a: greedy_tokens(*a[:7]) for a in args])
+            logprobs = graph_us([lambda x=x: torch.log_softmax(x, dim=-1).topk(20, dim=-1) for x in xs])
+            row(b, label, ours, ref, greedy, logprobs)
+            results[f"sampling_b{b}_{label.split()[0]}"] = {"sort_free_us": ours, "sorted_us": ref,
+                                                          "greedy_us": greedy, "logprobs_us": logprobs}
+            del xs, args
+    torch.cuda.empty_cache()
+
+
 # -- GEMV --------------------------------------------------------------------------
 
 def _weights(gen) -> dict[str, list[torch.Tensor]]:
@@ -567,6 +627,8 @@ def main() -> None:
                 bench_gemv(ceiling, results, weights, gen, [int(m) for m in args.rows.split(",")])
             if "step" in sections:
                 bench_step(ceiling, results, weights, gen)
+        if "sampling" in sections:
+            bench_sampling(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     summary = {k: v for k, v in results.items() if not k.endswith("sweep")}

@@ -57,12 +57,12 @@ def _size(graph) -> tuple[int, int]:
 
 def use_kernels(programs: StepPrograms) -> None:
     """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV),
-    the greedy variant to its two-launch token choice, structured-output masking to one launch,
+    the greedy and sampling variants to their two-launch token choices, structured-output masking to one launch,
     a decode step's slot reads and every sampling program's slot writes to one launch each, and a
     verification step's inputs and outcome to one launch each (greedy: two for the outcome)."""
     from .decoder import cuda_ops
     from .kernels import slots
-    from .kernels.sampling import apply_grammar_masks, greedy_tokens
+    from .kernels.sampling import apply_grammar_masks, greedy_tokens, sample_tokens
 
     ops = cuda_ops()
     tp = programs.decoder.tensor_parallel
@@ -72,6 +72,7 @@ def use_kernels(programs: StepPrograms) -> None:
                                   group=tp.group)
     programs.decoder.ops = ops
     programs.greedy_tokens = greedy_tokens
+    programs.sampled_tokens = sample_tokens
     programs.apply_grammar_masks = apply_grammar_masks
     contract = programs.contract
     programs.decode_inputs = partial(slots.decode_inputs, programs.buffers, context=contract.context,

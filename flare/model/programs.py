@@ -35,7 +35,7 @@ from ..contract import (
 )
 from .attention import AttentionBatch, KVCache, PackedBatch, PackedRows
 from .decoder import Decoder
-from .sampling import apply_grammar_masks, apply_penalties, greedy_tokens, philox_uniform, sample, verify_drafts
+from .sampling import apply_grammar_masks, greedy_tokens, philox_uniform, sampled_tokens, verify_drafts
 
 # The acceptance test of a sampled draft draws from its own Philox stream (the request seed
 # with these bits flipped), so the sample stream stays the one plain decode draws from.
@@ -80,6 +80,7 @@ class StepPrograms:
         # greedy variant's token choice, a decode step's reads of the slot state and every
         # sampling program's writes back. The methods named here are the reference.
         self.greedy_tokens = greedy_tokens
+        self.sampled_tokens = sampled_tokens  # the sampling variant's token choice (the same arguments + RNG state)
         self.apply_grammar_masks = apply_grammar_masks  # (logits, sampling, masks, slots) -> None, in place
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
         self.commit = self._commit  # (slots, token, do_sample, kind, positions=None, rows=None) -> None
@@ -197,12 +198,9 @@ class StepPrograms:
                                        do_sample, buf["slot.token"])
             self._commit_samples(slots, token, do_sample, kind, positions=positions, rows=rows)
             return
-        params = buf["slot.sampling"][slots]
-        penalized = apply_penalties(logits, params, self.output_counts[slots], self.prompt_counts[slots] > 0)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        uniform = philox_uniform(buf["slot.seed"][slots], buf["slot.generated"][slots])
-        token = sample(penalized, params, uniform)
-        token = torch.where(do_sample, token, buf["slot.token"][slots])
+        token = self.sampled_tokens(logits, buf["slot.sampling"], self.output_counts, self.prompt_counts, slots,
+                                    do_sample, buf["slot.token"], buf["slot.seed"], buf["slot.generated"])
         self._commit_samples(slots, token, do_sample, kind, raw_logprobs, positions, rows)
 
     def _commit_samples(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,

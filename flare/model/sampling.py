@@ -1,11 +1,28 @@
 """Token sampling with explicit per-row RNG state, inside the step program.
 
-No torch generator is used: each row draws one uniform from Philox4x32-10
-keyed by the request seed and counted by the request's generated-token count,
-so a captured graph replays deterministically and a seeded request samples the
-same tokens whatever batch it lands in. The sampler filters (penalties,
-temperature, top-k, top-p, min-p) and inverts the CDF of the remaining
-distribution at that uniform.
+No torch generator is used: each draw is a uniform from Philox4x32-10 keyed by the
+request seed and counted by the request's generated-token count, so a captured graph
+replays deterministically and a seeded request samples the same tokens whatever batch
+it lands in.
+
+A decode row (:func:`sample`) is drawn without sorting the vocabulary. The filters
+(temperature, then top-k, top-p and min-p, all judged on the unfiltered distribution)
+keep token ``i`` when fewer than ``top_k`` tokens score above it, the mass above it is
+below ``top_p`` and its probability is at least ``min_p`` times the largest; ties are
+kept or dropped together, and the most likely token always stays. A round draws a
+token from the distribution restricted to the scores above a pivot (the CDF in token-id
+order, inverted at that round's uniform) and accepts it when the filters keep it;
+otherwise the pivot rises to its score and the next round draws again. Every round's
+distribution holds the kept set, so the accepted token is distributed as the filtered
+distribution (the rejection scheme of FlashInfer's sorting-free samplers). A row
+without filters accepts its first draw; after ``SAMPLE_ROUNDS`` rejections, a chance
+that needs a flat distribution and a tiny ``top_k``, the row takes the most likely
+token. Round ``r`` draws from Philox counter word 2 = ``r``, so round 0 is the one
+uniform a row drew before. Captured graphs run the same rounds in two Triton launches
+(:func:`flare.model.kernels.sampling.sample_tokens`).
+
+Speculative verification (:func:`verify_drafts`) still filters in sorted order: it needs
+the kept mass of a given draft, which the rounds never compute.
 
 Sampling parameters live in a float32 row per slot, columns ``SAMPLING_*``.
 """
@@ -50,17 +67,17 @@ def _mulhilo32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi & _MASK32, lo & _MASK32
 
 
-def philox_uniform(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+def philox_uniform(seed: torch.Tensor, counter: torch.Tensor, stream: int = 0) -> torch.Tensor:
     """One float32 uniform in [0, 1) per element from Philox4x32-10.
 
-    key = (seed low 32 bits, seed high 32 bits); counter = (counter low, counter high, 0, 0).
-    seed, counter: int64 tensors of the same shape.
+    key = (seed low 32 bits, seed high 32 bits); counter = (counter low, counter high,
+    stream, 0). seed, counter: int64 tensors of the same shape; ``stream`` in [0, 2^32).
     """
     k0 = seed & _MASK32
     k1 = (seed >> 32) & _MASK32
     c0 = counter & _MASK32
     c1 = (counter >> 32) & _MASK32
-    c2 = torch.zeros_like(c0)
+    c2 = torch.full_like(c0, stream)
     c3 = torch.zeros_like(c0)
     for _ in range(10):
         hi0, lo0 = _mulhilo32(_PHILOX_M0, c0)
@@ -161,14 +178,67 @@ def _is_greedy(params: torch.Tensor) -> torch.Tensor:
     return (params[:, SAMPLING_TEMPERATURE] <= 0) | (params[:, SAMPLING_TOP_K] == 1)
 
 
-def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Sample one token per row from penalized float32 logits [B, V]; returns int64 [B].
+SAMPLE_ROUNDS = 32  # draws a row may take before it falls back to its most likely token
 
-    Greedy rows (temperature <= 0 or top_k == 1) take the argmax.
-    """
-    kept, order, keep = _filtered(logits, params)
-    last = keep.sum(dim=-1, keepdim=True) - 1
-    return torch.where(_is_greedy(params), logits.argmax(dim=-1), _invert(kept, order, last, uniform))
+
+def _filter_limits(params: torch.Tensor, vocab: int) -> tuple[torch.Tensor, ...]:
+    """Per row: (scale divisor, top_k as a count, top_p, min_p, whether any filter is set)."""
+    temperature = params[:, SAMPLING_TEMPERATURE]
+    top_p = params[:, SAMPLING_TOP_P]
+    top_k = params[:, SAMPLING_TOP_K]
+    min_p = params[:, SAMPLING_MIN_P]
+    divisor = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    filtered = (k < vocab) | (top_p < 1) | (min_p > 0)
+    return divisor, k, top_p, min_p, filtered
+
+
+def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """One token per row from penalized float32 logits [B, V] (int64 [B]); ``seed`` and
+    ``counter`` (int64 [B]) key each round's uniform. Greedy rows (temperature <= 0 or
+    top_k == 1) take the argmax. The rounds are described in the module docstring."""
+    b, v = logits.shape
+    divisor, k, top_p, min_p, filtered = _filter_limits(params, v)
+    scores = logits / divisor.view(b, 1)
+    top = scores.amax(dim=-1, keepdim=True)
+    weight = torch.exp(scores - top)
+    total = weight.sum(dim=-1)
+    ids = torch.arange(v, device=logits.device).view(1, v)
+    token = logits.argmax(dim=-1)
+    done = _is_greedy(params)
+    pivot = torch.full((b, 1), float("-inf"), device=logits.device)
+    for r in range(SAMPLE_ROUNDS):
+        if bool(done.all()):
+            break
+        live = torch.where(scores > pivot, weight, torch.zeros_like(weight))
+        cdf = torch.cumsum(live, dim=-1)
+        target = philox_uniform(seed, counter, r).view(b, 1) * cdf[:, -1:]
+        drawn = torch.searchsorted(cdf, target, right=True).view(b)
+        # past the end only through rounding: the last token with weight left
+        last = torch.where(live > 0, ids, -1).amax(dim=-1)
+        drawn = torch.where(drawn < v, drawn, last).clamp(min=0)
+        score = scores.gather(1, drawn.view(b, 1))
+        above = scores > score
+        kept = ((above.sum(dim=-1) < k) & (torch.where(above, weight, 0.0).sum(dim=-1) < top_p * total)
+                & (weight.gather(1, drawn.view(b, 1)).view(b) >= min_p))
+        accept = ~done & (~filtered | (score.view(b) >= top.view(b)) | kept)
+        token = torch.where(accept, drawn, token)
+        done |= accept
+        pivot = torch.where(done.view(b, 1), pivot, score)
+    return token
+
+
+def sampled_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
+                   prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
+                   slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor) -> torch.Tensor:
+    """The sampling variant's tokens: :func:`sample` of the penalized logits where do_sample,
+    else the slot's current token (int64 [B]). The arguments are :func:`greedy_tokens`' with
+    the per-slot seeds and generated counts (the rounds' Philox keys and counters) added.
+    CUDA graphs use :func:`flare.model.kernels.sampling.sample_tokens` instead."""
+    params = sampling[slots]
+    penalized = apply_penalties(logits, params, output_counts[slots], prompt_counts[slots] > 0)
+    token = sample(penalized, params, slot_seed[slots], slot_generated[slots])
+    return torch.where(do_sample, token, slot_token[slots])
 
 
 def verify_drafts(logits: torch.Tensor, params: torch.Tensor, drafts: torch.Tensor, has_draft: torch.Tensor,

@@ -1,4 +1,5 @@
-"""The greedy decode variant's token choice in two launches.
+"""Token choice inside the captured decode graphs: the greedy variant in two launches,
+the sampling variant in two more.
 
 :func:`flare.model.sampling.greedy_tokens` gathers each row's slot state, applies
 the penalties over the vocabulary in about ten elementwise kernels and reduces
@@ -9,6 +10,14 @@ penalties in registers with the reference's operations and rounding (no
 multiply-add contraction, correctly rounded division) and keeps the block's
 maximum and its first index; the second picks, per row, the first block holding
 the row's maximum, so ties resolve to the lowest token id as ``argmax`` does.
+
+:func:`sample_tokens` is :func:`flare.model.sampling.sampled_tokens` (the rounds of
+draws that the reference's module docstring describes) without its sort-free torch
+form's many launches: the first kernel also keeps each block's largest score and
+its sum of exponentials, and the second, one program a row, draws a round's token
+from those block masses and one block's scan, then (only for a row with filters)
+reads the row once to count the scores above the draw. Philox runs in registers,
+word for word the reference's.
 """
 
 from __future__ import annotations
@@ -17,27 +26,27 @@ import torch
 import triton
 import triton.language as tl
 
-from ...contract import SAMPLING_FREQUENCY, SAMPLING_GRAMMAR, SAMPLING_PRESENCE, SAMPLING_REPETITION
+from ...contract import (
+    SAMPLING_FREQUENCY,
+    SAMPLING_GRAMMAR,
+    SAMPLING_MIN_P,
+    SAMPLING_PRESENCE,
+    SAMPLING_REPETITION,
+    SAMPLING_TEMPERATURE,
+    SAMPLING_TOP_K,
+    SAMPLING_TOP_P,
+)
+from ..sampling import SAMPLE_ROUNDS
 from ._common import next_power_of_2, pdl_level, pdl_options, require, require_same_device, wait_for_inputs
 
 _BLOCK = 2048
 
 
 @triton.jit
-def _penalized_block_max_kernel(
-    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, part_val_ptr, part_idx_ptr,
-    vocab, num_blocks, s_logits, s_sampling, s_counts,
-    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-):
-    wait_for_inputs(PDL)
-    row = tl.program_id(0)
-    block = tl.program_id(1)
-    slot = tl.load(slots_ptr + row).to(tl.int64)
-    cols = block * BLOCK + tl.arange(0, BLOCK)
+def _penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols, vocab, s_logits, s_counts,
+               rep, presence, frequency):
+    """A row's logits at ``cols`` with its slot's penalties applied, -inf past the vocabulary."""
     ok = cols < vocab
-    rep = tl.load(sampling_ptr + slot * s_sampling + REP)
-    presence = tl.load(sampling_ptr + slot * s_sampling + PRESENCE)
-    frequency = tl.load(sampling_ptr + slot * s_sampling + FREQUENCY)
     # A row without penalties (the default) gets its logits back unchanged whatever its
     # counts hold (x / 1, x * 1, x - 0 are exact), so it reads only its logits: a third of
     # the bytes (64 rows: 98 MB of logits and counts a step otherwise).
@@ -52,7 +61,25 @@ def _penalized_block_max_kernel(
     logits = tl.where(seen, penalized, logits)
     logits = logits - presence * (out_counts > 0).to(tl.float32)
     logits = logits - frequency * out_counts.to(tl.float32)
-    logits = tl.where(ok, logits, float("-inf"))
+    return tl.where(ok, logits, float("-inf"))
+
+
+@triton.jit
+def _penalized_block_max_kernel(
+    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, part_val_ptr, part_idx_ptr,
+    vocab, num_blocks, s_logits, s_sampling, s_counts,
+    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    rep = tl.load(sampling_ptr + slot * s_sampling + REP)
+    presence = tl.load(sampling_ptr + slot * s_sampling + PRESENCE)
+    frequency = tl.load(sampling_ptr + slot * s_sampling + FREQUENCY)
+    logits = _penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols, vocab, s_logits, s_counts,
+                        rep, presence, frequency)
     best = tl.max(logits, axis=0)
     index = tl.argmax(logits, axis=0, tie_break_left=True)
     tl.store(part_val_ptr + row * num_blocks + block, best)
@@ -107,11 +134,9 @@ def _pick_kernel(
     tl.store(out_ptr + row, token)
 
 
-def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
-                  prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
-                  slot_token: torch.Tensor) -> torch.Tensor:
-    """:func:`flare.model.sampling.greedy_tokens` in two launches (same arguments, same result)."""
-    kernel = "greedy_tokens"
+def _check_token_inputs(kernel: str, logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
+                        prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
+                        slot_token: torch.Tensor) -> None:
     b, vocab = logits.shape
     require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
             f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
@@ -124,6 +149,15 @@ def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
             f"slots and do_sample must be [{b}], slot_token int64")
     require_same_device(kernel, logits=logits, sampling=sampling, output_counts=output_counts,
                         prompt_counts=prompt_counts, slots=slots, do_sample=do_sample, slot_token=slot_token)
+
+
+def greedy_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
+                  prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
+                  slot_token: torch.Tensor) -> torch.Tensor:
+    """:func:`flare.model.sampling.greedy_tokens` in two launches (same arguments, same result)."""
+    _check_token_inputs("greedy_tokens", logits, sampling, output_counts, prompt_counts, slots, do_sample,
+                        slot_token)
+    b, vocab = logits.shape
     num_blocks = triton.cdiv(vocab, _BLOCK)
     pdl = pdl_level(logits)
     part_val = torch.empty((b, num_blocks), dtype=torch.float32, device=logits.device)
@@ -181,6 +215,182 @@ def apply_grammar_masks(logits: torch.Tensor, sampling: torch.Tensor, masks: tor
     )
 
 
+_PHILOX_M0 = 0xD2511F53
+_PHILOX_M1 = 0xCD9E8D57
+_PHILOX_W0 = 0x9E3779B9
+_PHILOX_W1 = 0xBB67AE85
+
+
+@triton.jit
+def _philox_uniform(seed, counter, stream):
+    """flare.model.sampling.philox_uniform of one (int64 seed, int64 counter, int32 stream)."""
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = (counter & 0xFFFFFFFF).to(tl.uint32)
+    c1 = ((counter >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = stream.to(tl.uint32)
+    c3 = tl.zeros_like(c0)
+    m0 = tl.full((), _PHILOX_M0, tl.uint32)
+    m1 = tl.full((), _PHILOX_M1, tl.uint32)
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(m0, c0)
+        lo0 = m0 * c0
+        hi1 = tl.umulhi(m1, c2)
+        lo1 = m1 * c2
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + tl.full((), _PHILOX_W0, tl.uint32)
+        k1 = k1 + tl.full((), _PHILOX_W1, tl.uint32)
+    return (c0 >> 8).to(tl.float32) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _sample_stats_kernel(
+    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr,
+    part_max_ptr, part_idx_ptr, part_top_ptr, part_sum_ptr, vocab, num_blocks, s_logits, s_sampling, s_counts,
+    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    # Per (row, vocabulary block): the penalized logits' maximum and its first index (the
+    # greedy token), the largest score (logit / temperature) and sum(exp(score - largest)).
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    params = sampling_ptr + slot * s_sampling
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    logits = _penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols, vocab, s_logits, s_counts,
+                        tl.load(params + REP), tl.load(params + PRESENCE), tl.load(params + FREQUENCY))
+    temperature = tl.load(params + TEMPERATURE)
+    scores = tl.math.div_rn(logits, tl.where(temperature > 0, temperature, 1.0))
+    top = tl.max(scores, axis=0)
+    mass = tl.sum(tl.where(scores > float("-inf"), tl.exp(scores - top), 0.0), axis=0)
+    at = row * num_blocks + block
+    tl.store(part_max_ptr + at, tl.max(logits, axis=0))
+    tl.store(part_idx_ptr + at, block * BLOCK + tl.argmax(logits, axis=0, tie_break_left=True))
+    tl.store(part_top_ptr + at, top)
+    tl.store(part_sum_ptr + at, mass)
+
+
+@triton.jit
+def _draw_kernel(
+    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
+    do_sample_ptr, slot_token_ptr, part_max_ptr, part_idx_ptr, part_top_ptr, part_sum_ptr, out_ptr,
+    vocab, num_blocks, s_logits, s_sampling, s_counts,
+    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
+    TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr, ROUNDS: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
+):
+    # One row's rounds (flare.model.sampling.sample): a round's token from the block masses
+    # left above the pivot and one block's scan; a row with filters then reads every block
+    # once, counting the scores above the draw and the mass above it per block (which is the
+    # next round's block masses if the draw is rejected).
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    params = sampling_ptr + slot * s_sampling
+    blocks = tl.arange(0, BLOCKS)
+    lanes = tl.arange(0, BLOCK)
+    in_row = blocks < num_blocks
+    part = row * num_blocks + blocks
+    maxima = tl.load(part_max_ptr + part, mask=in_row, other=float("-inf"))
+    token = tl.load(part_idx_ptr + row * num_blocks + tl.argmax(maxima, axis=0, tie_break_left=True)).to(tl.int64)
+    tops = tl.load(part_top_ptr + part, mask=in_row, other=float("-inf"))
+    top = tl.max(tops, axis=0)
+    weights = tl.where(tops > float("-inf"), tl.load(part_sum_ptr + part, mask=in_row, other=0.0) * tl.exp(tops - top),
+                       0.0)
+    total = tl.sum(weights, axis=0)
+    rep = tl.load(params + REP)
+    presence = tl.load(params + PRESENCE)
+    frequency = tl.load(params + FREQUENCY)
+    temperature = tl.load(params + TEMPERATURE)
+    divisor = tl.where(temperature > 0, temperature, 1.0)
+    top_p = tl.load(params + TOP_P)
+    top_k = tl.load(params + TOP_K)
+    min_p = tl.load(params + MIN_P)
+    k = tl.where(top_k > 0, top_k, vocab.to(tl.float32))
+    filtered = (k < vocab) | (top_p < 1.0) | (min_p > 0.0)
+    done = ((temperature <= 0.0) | (top_k == 1.0) | (tl.load(do_sample_ptr + row) == 0)).to(tl.int32)
+    seed = tl.load(seed_ptr + slot)
+    counter = tl.load(generated_ptr + slot)
+    pivot = float("-inf")
+    r = 0
+    while (done == 0) & (r < ROUNDS):
+        # the block the draw falls in, by the block masses left, then the token inside it
+        target = _philox_uniform(seed, counter, r) * tl.sum(weights, axis=0)
+        cumulative = tl.cumsum(weights, axis=0)
+        j = tl.min(tl.where(cumulative > target, blocks, BLOCKS), axis=0)
+        j = tl.where(j < BLOCKS, j, tl.max(tl.where(weights > 0, blocks, 0), axis=0))  # past the end: rounding
+        before = tl.sum(tl.where(blocks == j, cumulative - weights, 0.0), axis=0)
+        cols = j * BLOCK + lanes
+        scores = tl.math.div_rn(_penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols, vocab,
+                                           s_logits, s_counts, rep, presence, frequency), divisor)
+        live = tl.where(scores > pivot, tl.exp(scores - top), 0.0)
+        i = tl.min(tl.where(before + tl.cumsum(live, axis=0) > target, lanes, BLOCK), axis=0)
+        i = tl.where(i < BLOCK, i, tl.max(tl.where(live > 0, lanes, 0), axis=0))
+        score = tl.max(tl.where(lanes == i, scores, float("-inf")), axis=0)
+        drawn = (j * BLOCK + i).to(tl.int64)
+        accept = (filtered == 0) | (score >= top)
+        if accept == 0:
+            count = 0
+            mass = 0.0
+            above_blocks = tl.zeros((BLOCKS,), tl.float32)
+            for block in range(0, num_blocks):
+                cols = block * BLOCK + lanes
+                scores = tl.math.div_rn(_penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols,
+                                                   vocab, s_logits, s_counts, rep, presence, frequency), divisor)
+                above = scores > score
+                count += tl.sum(above.to(tl.int32), axis=0)
+                block_mass = tl.sum(tl.where(above, tl.exp(scores - top), 0.0), axis=0)
+                mass += block_mass
+                above_blocks = tl.where(blocks == block, block_mass, above_blocks)
+            accept = (count < k) & (mass < top_p * total) & (tl.exp(score - top) >= min_p)
+            if accept == 0:
+                pivot = score
+                weights = above_blocks
+        if accept != 0:
+            token = drawn
+            done = 1
+        r += 1
+    previous = tl.load(slot_token_ptr + slot)
+    tl.store(out_ptr + row, tl.where(tl.load(do_sample_ptr + row) != 0, token, previous))
+
+
+def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
+                  prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
+                  slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor) -> torch.Tensor:
+    """:func:`flare.model.sampling.sampled_tokens` in two launches (same arguments; the same
+    tokens but where a draw lands within rounding of a block or token boundary)."""
+    kernel = "sample_tokens"
+    _check_token_inputs(kernel, logits, sampling, output_counts, prompt_counts, slots, do_sample, slot_token)
+    require(slot_seed.dtype == slot_generated.dtype == torch.int64 and slot_seed.dim() == slot_generated.dim() == 1,
+            kernel, "slot seeds and generated counts must be int64 [slots]")
+    require_same_device(kernel, logits=logits, slot_seed=slot_seed, slot_generated=slot_generated)
+    b, vocab = logits.shape
+    num_blocks = triton.cdiv(vocab, _BLOCK)
+    pdl = pdl_level(logits)
+    dev = logits.device
+    part_max = torch.empty((b, num_blocks), dtype=torch.float32, device=dev)
+    part_idx = torch.empty((b, num_blocks), dtype=torch.int32, device=dev)
+    part_top = torch.empty((b, num_blocks), dtype=torch.float32, device=dev)
+    part_sum = torch.empty((b, num_blocks), dtype=torch.float32, device=dev)
+    columns = dict(REP=SAMPLING_REPETITION, PRESENCE=SAMPLING_PRESENCE, FREQUENCY=SAMPLING_FREQUENCY,
+                   TEMPERATURE=SAMPLING_TEMPERATURE)
+    _sample_stats_kernel[(b, num_blocks)](
+        logits, sampling, output_counts, prompt_counts, slots, part_max, part_idx, part_top, part_sum,
+        vocab, num_blocks, logits.stride(0), sampling.stride(0), output_counts.stride(0), **columns,
+        BLOCK=_BLOCK, PDL=pdl, num_warps=4, enable_fp_fusion=False, **pdl_options(pdl),
+    )
+    out = torch.empty(b, dtype=torch.int64, device=dev)
+    _draw_kernel[(b,)](
+        logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, slot_token,
+        part_max, part_idx, part_top, part_sum, out, vocab, num_blocks, logits.stride(0), sampling.stride(0),
+        output_counts.stride(0), **columns, TOP_P=SAMPLING_TOP_P, TOP_K=SAMPLING_TOP_K, MIN_P=SAMPLING_MIN_P,
+        ROUNDS=SAMPLE_ROUNDS, BLOCK=_BLOCK, BLOCKS=next_power_of_2(num_blocks), PDL=pdl, num_warps=8,
+        enable_fp_fusion=False, **pdl_options(pdl),
+    )
+    return out
+
+
 _MASK_BLOCK = 4096
 
-__all__ = ["apply_grammar_masks", "block_maxima", "greedy_tokens"]
+__all__ = ["apply_grammar_masks", "block_maxima", "greedy_tokens", "sample_tokens"]

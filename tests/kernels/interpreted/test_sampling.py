@@ -1,14 +1,23 @@
-"""The greedy variant's two-launch token choice against the torch reference, under the interpreter."""
+"""The greedy and sampling variants' token choices against the torch reference, under the interpreter."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flare.contract import SAMPLING_COLUMNS, SAMPLING_FREQUENCY, SAMPLING_PRESENCE, SAMPLING_REPETITION
+from flare.contract import (
+    SAMPLING_COLUMNS,
+    SAMPLING_FREQUENCY,
+    SAMPLING_MIN_P,
+    SAMPLING_PRESENCE,
+    SAMPLING_REPETITION,
+    SAMPLING_TEMPERATURE,
+    SAMPLING_TOP_K,
+    SAMPLING_TOP_P,
+)
 from flare.model import sampling as reference
 from flare.model.kernels import KernelInputError
-from flare.model.kernels.sampling import greedy_tokens
+from flare.model.kernels.sampling import greedy_tokens, sample_tokens
 
 VOCAB = 5000  # not a multiple of the 2048-token block
 
@@ -102,3 +111,80 @@ def test_grammar_masks_match_the_reference(seed):
     assert torch.isfinite(got[0]).nonzero().view(-1).tolist() == allowed  # slot 2: its random mask
     assert torch.equal(got[0][allowed], logits[0][allowed])
     assert torch.isfinite(got[2]).nonzero().view(-1).tolist() == [3 * 32 + 7]  # slot 5: one token
+
+
+def _sampling_rows(slots: int) -> torch.Tensor:
+    """The first ``slots`` of eight sampling rows covering every path: plain temperature,
+    each filter, all three, penalties with filters, a greedy temperature, top_k 1."""
+    sampling = torch.zeros(max(slots, 8), SAMPLING_COLUMNS)
+    sampling[:, SAMPLING_REPETITION] = 1.0
+    sampling[:, SAMPLING_TOP_P] = 1.0
+    sampling[:, SAMPLING_TEMPERATURE] = 1.0
+    sampling[1, SAMPLING_TEMPERATURE] = 0.6
+    sampling[1, SAMPLING_TOP_K] = 40
+    sampling[2, SAMPLING_TOP_P] = 0.9
+    sampling[3, SAMPLING_MIN_P] = 0.05
+    sampling[4, [SAMPLING_TEMPERATURE, SAMPLING_TOP_K, SAMPLING_TOP_P, SAMPLING_MIN_P]] = torch.tensor(
+        [0.8, 3.0, 0.5, 0.01])
+    sampling[5, [SAMPLING_REPETITION, SAMPLING_PRESENCE, SAMPLING_FREQUENCY, SAMPLING_TOP_K]] = torch.tensor(
+        [1.3, 0.4, 0.2, 2.0])
+    sampling[6, SAMPLING_TEMPERATURE] = 0.0
+    sampling[7, SAMPLING_TOP_K] = 1
+    return sampling[:slots].contiguous()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sample_tokens_match_the_reference(seed):
+    """The two-launch sampler draws the reference's tokens, row for row, across filters,
+    penalties, greedy rows and rows that do not sample; the rounds' uniforms are the
+    reference's Philox words."""
+    slots = 8
+    gen = torch.Generator().manual_seed(seed)
+    sampling = _sampling_rows(slots)
+    out_counts = (torch.randint(0, 3, (slots, VOCAB), generator=gen) *
+                  (torch.rand(slots, VOCAB, generator=gen) < 0.05)).to(torch.int32)
+    prompt_counts = (torch.rand(slots, VOCAB, generator=gen) < 0.05).to(torch.int32)
+    slot_token = torch.arange(slots, dtype=torch.int64) + 100
+    slot_seed = torch.randint(-2**62, 2**62, (slots,), generator=gen, dtype=torch.int64)
+    slot_generated = torch.randint(0, 2**40, (slots,), generator=gen, dtype=torch.int64)
+    rows = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 4, 2])
+    do_sample = torch.ones(len(rows), dtype=torch.bool)
+    do_sample[-1] = False
+    for draw in range(3):
+        logits = torch.randn(len(rows), VOCAB, generator=gen) * 2.5
+        slot_generated += 1
+        args = (logits, sampling, out_counts, prompt_counts, rows, do_sample, slot_token, slot_seed, slot_generated)
+        want = reference.sampled_tokens(*args)
+        got = sample_tokens(*args)
+        assert torch.equal(got, want), f"draw {draw}: sample_tokens {got.tolist()} != reference {want.tolist()}"
+    assert int(got[-1]) == int(slot_token[2]), "a row that does not sample keeps its slot's token"
+
+
+def test_sample_tokens_keep_a_peaked_rows_filters_over_many_rounds():
+    """A flat row with top_k 2: most draws are rejected, each raising the pivot, until one of
+    the two highest scores is drawn; the kernel follows the reference round for round."""
+    slots = 4
+    sampling = _sampling_rows(slots)
+    sampling[:, SAMPLING_TOP_K] = 2
+    zeros = torch.zeros(slots, VOCAB, dtype=torch.int32)
+    logits = torch.linspace(0, 1e-3, VOCAB).repeat(slots, 1)
+    logits[:, 4321] = 0.5
+    logits[:, 17] = 0.4
+    rows = torch.arange(slots)
+    seeds = torch.tensor([3, 5, 7, 11], dtype=torch.int64)
+    args = (logits, sampling, zeros, zeros, rows, torch.ones(slots, dtype=torch.bool),
+            torch.zeros(slots, dtype=torch.int64), seeds, torch.arange(slots, dtype=torch.int64))
+    want = reference.sampled_tokens(*args)
+    assert set(want.tolist()) <= {4321, 17}
+    assert torch.equal(sample_tokens(*args), want)
+
+
+def test_sample_tokens_refuse_bad_rng_state():
+    slots = 2
+    sampling = _sampling_rows(slots)
+    zeros = torch.zeros(slots, VOCAB, dtype=torch.int32)
+    args = [torch.zeros(slots, VOCAB), sampling, zeros, zeros, torch.arange(slots), torch.ones(slots, dtype=torch.bool),
+            torch.zeros(slots, dtype=torch.int64), torch.zeros(slots, dtype=torch.int32),
+            torch.zeros(slots, dtype=torch.int64)]
+    with pytest.raises(KernelInputError, match="int64"):
+        sample_tokens(*args)
