@@ -725,6 +725,25 @@ def _run_suite(model, engine, session, rate: float, max_active: int, args) -> No
                                              if k.startswith(("mixed", "prefill", "decode b64", "decode b256"))))
 
 
+def load_graph_times(model) -> None:
+    """The decode graphs' replay times measured at load (the scheduler's seeded estimates),
+    the sampling variant beside the greedy one: what a temperature > 0 cohort pays a step."""
+    from flare.contract import GraphKind
+
+    sched = model.runtime.scheduler
+    times = {}
+    for g in model.loaded.contract.graphs:
+        if g.kind == GraphKind.DECODE and sched.timing.estimate_ns(g.index):
+            times.setdefault(g.batch, {})["greedy" if g.greedy else "sampled"] = sched.timing.estimate_ns(g.index) / 1e6
+    rows = {b: t for b, t in sorted(times.items()) if len(t) == 2}
+    for b, t in rows.items():
+        RESULTS[f"load_decode_b{b}_sampled_ms"] = round(t["sampled"], 3)
+        RESULTS[f"load_decode_b{b}_greedy_ms"] = round(t["greedy"], 3)
+    if rows:
+        log("decode graphs at load, sampled / greedy ms: " + ", ".join(
+            f"b{b} {t['sampled']:.2f}/{t['greedy']:.2f}" for b, t in rows.items()))
+
+
 def profile_mixed(model, out: Path | None) -> None:
     """Diagnostic: the kernels of a packed-prefill step (mixed p2048 w0) and of one carrying 64
     decoders (mixed p1024 w64 greedy), run eagerly under the profiler on whatever the buffers
@@ -828,6 +847,7 @@ def main() -> int:
     RESULTS["tensor_parallel"] = args.tensor_parallel
     RESULTS["load_and_capture_s"] = round(time.perf_counter() - t0, 1)
     log(f"flare loaded and captured in {RESULTS['load_and_capture_s']} s")
+    load_graph_times(model)
     try:
         if "hf_argmax" in RESULTS:
             teacher_forced(model, seq)
