@@ -280,20 +280,24 @@ def test_attention_kernels_compile_for_sm90(launches):
     assert merging, "no in-kernel merge was compiled"
 
 
-def test_greedy_sampling_kernels_compile_for_sm90(launches):
+def test_token_choice_kernels_compile_for_sm90(launches):
     from flare.contract import SAMPLING_COLUMNS
-    from flare.model.kernels.sampling import greedy_tokens
+    from flare.model.kernels.sampling import greedy_tokens, sample_tokens
 
     slots = 65
     counts = torch.zeros(slots, 128256, dtype=torch.int32)
+    seeds = torch.zeros(slots, dtype=torch.int64)
     for b in (1, 64):
-        greedy_tokens(torch.randn(b, 128256), torch.ones(slots, SAMPLING_COLUMNS), counts, counts.clone(),
-                      torch.arange(b), torch.ones(b, dtype=torch.bool), torch.zeros(slots, dtype=torch.int64))
+        args = (torch.randn(b, 128256), torch.ones(slots, SAMPLING_COLUMNS), counts, counts.clone(), torch.arange(b),
+                torch.ones(b, dtype=torch.bool), torch.zeros(slots, dtype=torch.int64))
+        greedy_tokens(*args)
+        sample_tokens(*args, seeds, seeds.clone())
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
-    assert {"_penalized_block_max_kernel", "_pick_kernel"} <= set(names), names
-    assert all("div.rn.f32" in text and "fma.rn.f32" not in text for text in ptx["_penalized_block_max_kernel"]), \
-        "penalties must divide and subtract as the torch reference does"
+    assert {"_penalized_block_max_kernel", "_pick_kernel", "_sample_stats_kernel", "_draw_kernel"} <= set(names), names
+    for name in ("_penalized_block_max_kernel", "_sample_stats_kernel", "_draw_kernel"):
+        assert all("div.rn.f32" in text and "fma.rn.f32" not in text for text in ptx[name]), \
+            f"{name}: penalties and temperature must divide and subtract as the torch reference does"
 
 
 def test_grammar_mask_kernel_compiles_for_sm90(launches):

@@ -215,10 +215,10 @@ def apply_grammar_masks(logits: torch.Tensor, sampling: torch.Tensor, masks: tor
     )
 
 
-_PHILOX_M0 = 0xD2511F53
-_PHILOX_M1 = 0xCD9E8D57
-_PHILOX_W0 = 0x9E3779B9
-_PHILOX_W1 = 0xBB67AE85
+_PHILOX_M0 = tl.constexpr(0xD2511F53)
+_PHILOX_M1 = tl.constexpr(0xCD9E8D57)
+_PHILOX_W0 = tl.constexpr(0x9E3779B9)
+_PHILOX_W1 = tl.constexpr(0xBB67AE85)
 
 
 @triton.jit
