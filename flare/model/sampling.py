@@ -12,7 +12,9 @@ below ``top_p`` and its probability is at least ``min_p`` times the largest; tie
 kept or dropped together, and the most likely token always stays. A round draws a
 token from the distribution restricted to the scores above a pivot (the CDF in token-id
 order, inverted at that round's uniform) and accepts it when the filters keep it;
-otherwise the pivot rises to its score and the next round draws again. Every round's
+otherwise the pivot rises to its score, or to halfway between it and the largest score
+where the filters would drop a token scoring that too (FlashInfer's dual pivot: fewer
+rounds on a flat distribution), and the next round draws again. Every round's
 distribution holds the kept set, so the accepted token is distributed as the filtered
 distribution (the rejection scheme of FlashInfer's sorting-free samplers). A row
 without filters accepts its first draw; after ``SAMPLE_ROUNDS`` rejections, a chance
@@ -218,14 +220,25 @@ def sample(logits: torch.Tensor, params: torch.Tensor, seed: torch.Tensor, count
         last = torch.where(live > 0, ids, -1).amax(dim=-1)
         drawn = torch.where(drawn < v, drawn, last).clamp(min=0)
         score = scores.gather(1, drawn.view(b, 1))
-        above = scores > score
-        kept = ((above.sum(dim=-1) < k) & (torch.where(above, weight, 0.0).sum(dim=-1) < top_p * total)
-                & (weight.gather(1, drawn.view(b, 1)).view(b) >= min_p))
+        kept = _kept_above(scores, weight, score, torch.exp(score - top).view(b), k, top_p * total, min_p)
         accept = ~done & (~filtered | (score.view(b) >= top.view(b)) | kept)
         token = torch.where(accept, drawn, token)
         done |= accept
-        pivot = torch.where(done.view(b, 1), pivot, score)
+        # the second pivot, halfway to the top: where it would be dropped too, so is all below it
+        mid = (score + top) * 0.5
+        mid_kept = _kept_above(scores, weight, mid, torch.exp(mid - top).view(b), k, top_p * total, min_p)
+        pivot = torch.where(done.view(b, 1), pivot, torch.where(mid_kept.view(b, 1), score, mid))
     return token
+
+
+def _kept_above(scores: torch.Tensor, weight: torch.Tensor, at: torch.Tensor, at_weight: torch.Tensor,
+                k: torch.Tensor, mass_limit: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Whether the filters keep a token scoring ``at`` [B, 1] (relative weight ``at_weight`` [B]):
+    fewer than k scores above it, the weight above it below ``mass_limit`` (top_p times the
+    total), and at least min_p of the largest."""
+    above = scores > at
+    return ((above.sum(dim=-1) < k) & (torch.where(above, weight, 0.0).sum(dim=-1) < mass_limit)
+            & (at_weight >= min_p))
 
 
 def sampled_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,

@@ -16,7 +16,8 @@ draws that the reference's module docstring describes) without its sort-free tor
 form's many launches: the first kernel also keeps each block's largest score and
 its sum of exponentials, and the second, one program a row, draws a round's token
 from those block masses and one block's scan, then (only for a row with filters)
-reads the row once to count the scores above the draw. Philox runs in registers,
+reads the row once to count the scores above the draw and above the second pivot.
+Philox runs in registers,
 word for word the reference's.
 """
 
@@ -282,8 +283,8 @@ def _draw_kernel(
 ):
     # One row's rounds (flare.model.sampling.sample): a round's token from the block masses
     # left above the pivot and one block's scan; a row with filters then reads every block
-    # once, counting the scores above the draw and the mass above it per block (which is the
-    # next round's block masses if the draw is rejected).
+    # once, counting the scores above the draw and above the second pivot and the masses above
+    # each per block (one of them is the next round's block masses if the draw is rejected).
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -331,22 +332,34 @@ def _draw_kernel(
         drawn = (j * BLOCK + i).to(tl.int64)
         accept = (filtered == 0) | (score >= top)
         if accept == 0:
+            # the scores above the draw and above the second pivot, halfway to the top
+            mid = (score + top) * 0.5
             count = 0
+            count_mid = 0
             mass = 0.0
+            mass_mid = 0.0
             above_blocks = tl.zeros((BLOCKS,), tl.float32)
+            mid_blocks = tl.zeros((BLOCKS,), tl.float32)
             for block in range(0, num_blocks):
                 cols = block * BLOCK + lanes
                 scores = tl.math.div_rn(_penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols,
                                                    vocab, s_logits, s_counts, rep, presence, frequency), divisor)
+                weight = tl.exp(scores - top)
                 above = scores > score
                 count += tl.sum(above.to(tl.int32), axis=0)
-                block_mass = tl.sum(tl.where(above, tl.exp(scores - top), 0.0), axis=0)
+                block_mass = tl.sum(tl.where(above, weight, 0.0), axis=0)
                 mass += block_mass
                 above_blocks = tl.where(blocks == block, block_mass, above_blocks)
+                above_mid = scores > mid
+                count_mid += tl.sum(above_mid.to(tl.int32), axis=0)
+                block_mid = tl.sum(tl.where(above_mid, weight, 0.0), axis=0)
+                mass_mid += block_mid
+                mid_blocks = tl.where(blocks == block, block_mid, mid_blocks)
             accept = (count < k) & (mass < top_p * total) & (tl.exp(score - top) >= min_p)
             if accept == 0:
-                pivot = score
-                weights = above_blocks
+                mid_kept = (count_mid < k) & (mass_mid < top_p * total) & (tl.exp(mid - top) >= min_p)
+                pivot = tl.where(mid_kept, score, mid)
+                weights = tl.where(mid_kept, above_blocks, mid_blocks)
         if accept != 0:
             token = drawn
             done = 1
