@@ -333,11 +333,10 @@ def _draw_kernel(
         accept = (filtered == 0) | (score >= top)
         if accept == 0:
             # the scores above the draw and above the second pivot, halfway to the top
+            # (the counts stay per lane until the end: two block sums a tile, not four)
             mid = (score + top) * 0.5
-            count = 0
-            count_mid = 0
-            mass = 0.0
-            mass_mid = 0.0
+            counts = tl.zeros((BLOCK,), tl.int32)
+            counts_mid = tl.zeros((BLOCK,), tl.int32)
             above_blocks = tl.zeros((BLOCKS,), tl.float32)
             mid_blocks = tl.zeros((BLOCKS,), tl.float32)
             for block in range(0, num_blocks):
@@ -346,18 +345,17 @@ def _draw_kernel(
                                                    vocab, s_logits, s_counts, rep, presence, frequency), divisor)
                 weight = tl.exp(scores - top)
                 above = scores > score
-                count += tl.sum(above.to(tl.int32), axis=0)
-                block_mass = tl.sum(tl.where(above, weight, 0.0), axis=0)
-                mass += block_mass
-                above_blocks = tl.where(blocks == block, block_mass, above_blocks)
                 above_mid = scores > mid
-                count_mid += tl.sum(above_mid.to(tl.int32), axis=0)
-                block_mid = tl.sum(tl.where(above_mid, weight, 0.0), axis=0)
-                mass_mid += block_mid
-                mid_blocks = tl.where(blocks == block, block_mid, mid_blocks)
-            accept = (count < k) & (mass < top_p * total) & (tl.exp(score - top) >= min_p)
+                counts += above.to(tl.int32)
+                counts_mid += above_mid.to(tl.int32)
+                above_blocks = tl.where(blocks == block, tl.sum(tl.where(above, weight, 0.0), axis=0), above_blocks)
+                mid_blocks = tl.where(blocks == block, tl.sum(tl.where(above_mid, weight, 0.0), axis=0), mid_blocks)
+            limit = top_p * total
+            accept = ((tl.sum(counts, axis=0) < k) & (tl.sum(above_blocks, axis=0) < limit)
+                      & (tl.exp(score - top) >= min_p))
             if accept == 0:
-                mid_kept = (count_mid < k) & (mass_mid < top_p * total) & (tl.exp(mid - top) >= min_p)
+                mid_kept = ((tl.sum(counts_mid, axis=0) < k) & (tl.sum(mid_blocks, axis=0) < limit)
+                            & (tl.exp(mid - top) >= min_p))
                 pivot = tl.where(mid_kept, score, mid)
                 weights = tl.where(mid_kept, above_blocks, mid_blocks)
         if accept != 0:
