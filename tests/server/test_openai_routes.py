@@ -132,6 +132,25 @@ def test_sampling_fields_are_accepted(server):
     assert reply.usage.completion_tokens <= 8
 
 
+def test_a_seeded_filtered_request_draws_the_same_tokens_alone_or_in_a_batch(server):
+    """Ollama-style filters with a seed: the tokens depend on the seed and the request's own
+    position, never on the rows it shares a step with."""
+    fields = dict(model=server.model, messages=CHAT, max_tokens=12, temperature=0.9, top_p=0.9,
+                  extra_body={"top_k": 40, "min_p": 0.02, "ignore_eos": True})
+
+    async def run():
+        client = _async_client(server)
+        alone = await client.chat.completions.create(seed=77, **fields)
+        crowd = await asyncio.gather(client.chat.completions.create(seed=77, **fields),
+                                     *(client.chat.completions.create(seed=s, **fields) for s in range(5)))
+        await client.close()
+        return alone, crowd
+
+    alone, crowd = asyncio.run(run())
+    assert alone.usage.completion_tokens == 12
+    assert crowd[0].choices[0].message.content == alone.choices[0].message.content
+
+
 def test_max_tokens_ends_with_length(server):
     reply = _client(server).chat.completions.create(model=server.model, messages=CHAT, max_tokens=3,
                                                     extra_body={"ignore_eos": True})
