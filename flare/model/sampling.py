@@ -20,7 +20,7 @@ distribution (the rejection scheme of FlashInfer's sorting-free samplers). A row
 without filters accepts its first draw; after ``SAMPLE_ROUNDS`` rejections, a chance
 that needs a flat distribution and a tiny ``top_k``, the row takes the most likely
 token. Round ``r`` draws from Philox counter word 2 = ``r``, so round 0 is the one
-uniform a row drew before. Captured graphs run the same rounds in two Triton launches
+uniform a row drew before. Captured graphs run the same rounds in three Triton launches
 (:func:`flare.model.kernels.sampling.sample_tokens`).
 
 Speculative verification (:func:`verify_drafts`) still filters in sorted order: it needs

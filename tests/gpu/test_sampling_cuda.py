@@ -1,4 +1,4 @@
-"""The sampling variant's token choice (two Triton launches) on the GPU: the torch
+"""The sampling variant's token choice (three Triton launches) on the GPU: the torch
 reference's tokens at the real vocabulary, and the filtered distribution over many draws.
 
 The interpreter tests (tests/kernels/interpreted/test_sampling.py) hold the kernel to the

@@ -294,8 +294,9 @@ def test_token_choice_kernels_compile_for_sm90(launches):
         sample_tokens(*args, seeds, seeds.clone())
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
-    assert {"_penalized_block_max_kernel", "_pick_kernel", "_sample_stats_kernel", "_draw_kernel"} <= set(names), names
-    for name in ("_penalized_block_max_kernel", "_sample_stats_kernel", "_draw_kernel"):
+    assert {"_penalized_block_max_kernel", "_pick_kernel", "_sample_stats_kernel", "_first_round_kernel",
+            "_rounds_kernel"} <= set(names), names
+    for name in ("_penalized_block_max_kernel", "_sample_stats_kernel", "_first_round_kernel", "_rounds_kernel"):
         assert all("div.rn.f32" in text and "fma.rn.f32" not in text for text in ptx[name]), \
             f"{name}: penalties and temperature must divide and subtract as the torch reference does"
 

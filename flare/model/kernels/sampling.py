@@ -1,5 +1,5 @@
 """Token choice inside the captured decode graphs: the greedy variant in two launches,
-the sampling variant in two more.
+the sampling variant in three.
 
 :func:`flare.model.sampling.greedy_tokens` gathers each row's slot state, applies
 the penalties over the vocabulary in about ten elementwise kernels and reduces
@@ -13,12 +13,13 @@ the row's maximum, so ties resolve to the lowest token id as ``argmax`` does.
 
 :func:`sample_tokens` is :func:`flare.model.sampling.sampled_tokens` (the rounds of
 draws that the reference's module docstring describes) without its sort-free torch
-form's many launches: the first kernel also keeps each block's largest score and
-its sum of exponentials, and the second, one program a row, draws a round's token
-from those block masses and one block's scan, then (only for a row with filters)
-reads the row once to count the scores above the draw and above the second pivot.
-Philox runs in registers,
-word for word the reference's.
+form's many launches. The first kernel keeps, per (row, block), the penalized maximum
+and its index and the block's largest score and sum of exponentials. The second, over
+the same grid, draws round 0's token from those block masses and one block's scan, and
+a row with filters counts each block's scores above the draw and above the second
+pivot there, in parallel. The third, one program a row, decides round 0 from those
+counts and runs any later round itself: a draw, then one pass over the row. Philox runs
+in registers, word for word the reference's.
 """
 
 from __future__ import annotations
@@ -273,94 +274,182 @@ def _sample_stats_kernel(
 
 
 @triton.jit
-def _draw_kernel(
+def _row_params(sampling_ptr, do_sample_ptr, row, slot, s_sampling, vocab,
+                REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
+                TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr):
+    """A row's penalties, temperature divisor and filters (flare.model.sampling._filter_limits),
+    and whether it needs no draw (greedy, or not sampling this step)."""
+    params = sampling_ptr + slot * s_sampling
+    temperature = tl.load(params + TEMPERATURE)
+    top_p = tl.load(params + TOP_P)
+    top_k = tl.load(params + TOP_K)
+    min_p = tl.load(params + MIN_P)
+    k = tl.where(top_k > 0, top_k, vocab.to(tl.float32))
+    filtered = (k < vocab) | (top_p < 1.0) | (min_p > 0.0)
+    done = (temperature <= 0.0) | (top_k == 1.0) | (tl.load(do_sample_ptr + row) == 0)
+    return (tl.load(params + REP), tl.load(params + PRESENCE), tl.load(params + FREQUENCY),
+            tl.where(temperature > 0, temperature, 1.0), top_p, k, min_p, filtered, done)
+
+
+@triton.jit
+def _row_masses(part_top_ptr, part_sum_ptr, row, num_blocks, blocks):
+    """The row's largest score and each block's sum of exp(score - largest)."""
+    in_row = blocks < num_blocks
+    part = row * num_blocks + blocks
+    tops = tl.load(part_top_ptr + part, mask=in_row, other=float("-inf"))
+    top = tl.max(tops, axis=0)
+    sums = tl.load(part_sum_ptr + part, mask=in_row, other=0.0)
+    return top, tl.where(tops > float("-inf"), sums * tl.exp(tops - top), 0.0)
+
+
+@triton.jit
+def _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, lanes, vocab, s_logits, s_counts,
+                  rep, presence, frequency, divisor, BLOCK: tl.constexpr):
+    cols = block * BLOCK + lanes
+    return tl.math.div_rn(_penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols, vocab, s_logits,
+                                     s_counts, rep, presence, frequency), divisor)
+
+
+@triton.jit
+def _draw(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, vocab, s_logits, s_counts, rep, presence,
+          frequency, divisor, weights, top, pivot, uniform, blocks, lanes, BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
+    """One round's token and score: the block the uniform falls in by the block masses left
+    above the pivot, then the token inside it by that block's scan."""
+    target = uniform * tl.sum(weights, axis=0)
+    cumulative = tl.cumsum(weights, axis=0)
+    j = tl.min(tl.where(cumulative > target, blocks, BLOCKS), axis=0)
+    j = tl.where(j < BLOCKS, j, tl.max(tl.where(weights > 0, blocks, 0), axis=0))  # past the end: rounding
+    before = tl.sum(tl.where(blocks == j, cumulative - weights, 0.0), axis=0)
+    scores = _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, j, lanes, vocab, s_logits,
+                           s_counts, rep, presence, frequency, divisor, BLOCK)
+    live = tl.where(scores > pivot, tl.exp(scores - top), 0.0)
+    i = tl.min(tl.where(before + tl.cumsum(live, axis=0) > target, lanes, BLOCK), axis=0)
+    i = tl.where(i < BLOCK, i, tl.max(tl.where(live > 0, lanes, 0), axis=0))
+    score = tl.max(tl.where(lanes == i, scores, float("-inf")), axis=0)
+    return (j * BLOCK + i).to(tl.int64), score
+
+
+@triton.jit
+def _first_round_kernel(
     logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
-    do_sample_ptr, slot_token_ptr, part_max_ptr, part_idx_ptr, part_top_ptr, part_sum_ptr, out_ptr,
+    do_sample_ptr, part_top_ptr, part_sum_ptr, first_token_ptr, first_score_ptr,
+    part_count_ptr, part_mass_ptr, part_count_mid_ptr, part_mass_mid_ptr,
+    vocab, num_blocks, s_logits, s_sampling, s_counts,
+    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
+    TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
+):
+    # Round 0 over the whole grid (row, block): every program of a filtered row draws the
+    # round's token (the same one: same code, same inputs), then counts its own block's
+    # scores above the draw and above the second pivot and their masses; the rounds kernel
+    # sums them. A row without filters draws in its block-0 program only.
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    rep, presence, frequency, divisor, top_p, k, min_p, filtered, done = _row_params(
+        sampling_ptr, do_sample_ptr, row, slot, s_sampling, vocab, REP, PRESENCE, FREQUENCY, TEMPERATURE, TOP_P,
+        TOP_K, MIN_P)
+    if (done == 0) & ((block == 0) | filtered):
+        blocks = tl.arange(0, BLOCKS)
+        lanes = tl.arange(0, BLOCK)
+        top, weights = _row_masses(part_top_ptr, part_sum_ptr, row, num_blocks, blocks)
+        uniform = _philox_uniform(tl.load(seed_ptr + slot), tl.load(generated_ptr + slot), tl.full((), 0, tl.int32))
+        drawn, score = _draw(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, vocab, s_logits, s_counts, rep,
+                             presence, frequency, divisor, weights, top, float("-inf"), uniform, blocks, lanes, BLOCK,
+                             BLOCKS)
+        if block == 0:
+            tl.store(first_token_ptr + row, drawn)
+            tl.store(first_score_ptr + row, score)
+        if filtered & (score < top):
+            scores = _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, lanes, vocab,
+                                   s_logits, s_counts, rep, presence, frequency, divisor, BLOCK)
+            weight = tl.exp(scores - top)
+            mid = (score + top) * 0.5
+            at = row * num_blocks + block
+            tl.store(part_count_ptr + at, tl.sum((scores > score).to(tl.int32), axis=0))
+            tl.store(part_mass_ptr + at, tl.sum(tl.where(scores > score, weight, 0.0), axis=0))
+            tl.store(part_count_mid_ptr + at, tl.sum((scores > mid).to(tl.int32), axis=0))
+            tl.store(part_mass_mid_ptr + at, tl.sum(tl.where(scores > mid, weight, 0.0), axis=0))
+
+
+@triton.jit
+def _rounds_kernel(
+    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
+    do_sample_ptr, slot_token_ptr, part_max_ptr, part_idx_ptr, part_top_ptr, part_sum_ptr,
+    first_token_ptr, first_score_ptr, part_count_ptr, part_mass_ptr, part_count_mid_ptr, part_mass_mid_ptr, out_ptr,
     vocab, num_blocks, s_logits, s_sampling, s_counts,
     REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
     TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr, ROUNDS: tl.constexpr,
     BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    # One row's rounds (flare.model.sampling.sample): a round's token from the block masses
-    # left above the pivot and one block's scan; a row with filters then reads every block
-    # once, counting the scores above the draw and above the second pivot and the masses above
-    # each per block (one of them is the next round's block masses if the draw is rejected).
+    # One row's rounds (flare.model.sampling.sample). Round 0's draw and counts come from
+    # _first_round_kernel; a later round draws here and, if the row has filters, reads every
+    # block once, counting the scores above the draw and above the second pivot and the
+    # masses above each per block (one of them is the next round's block masses on a rejection).
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row).to(tl.int64)
-    params = sampling_ptr + slot * s_sampling
     blocks = tl.arange(0, BLOCKS)
     lanes = tl.arange(0, BLOCK)
     in_row = blocks < num_blocks
     part = row * num_blocks + blocks
     maxima = tl.load(part_max_ptr + part, mask=in_row, other=float("-inf"))
     token = tl.load(part_idx_ptr + row * num_blocks + tl.argmax(maxima, axis=0, tie_break_left=True)).to(tl.int64)
-    tops = tl.load(part_top_ptr + part, mask=in_row, other=float("-inf"))
-    top = tl.max(tops, axis=0)
-    weights = tl.where(tops > float("-inf"), tl.load(part_sum_ptr + part, mask=in_row, other=0.0) * tl.exp(tops - top),
-                       0.0)
-    total = tl.sum(weights, axis=0)
-    rep = tl.load(params + REP)
-    presence = tl.load(params + PRESENCE)
-    frequency = tl.load(params + FREQUENCY)
-    temperature = tl.load(params + TEMPERATURE)
-    divisor = tl.where(temperature > 0, temperature, 1.0)
-    top_p = tl.load(params + TOP_P)
-    top_k = tl.load(params + TOP_K)
-    min_p = tl.load(params + MIN_P)
-    k = tl.where(top_k > 0, top_k, vocab.to(tl.float32))
-    filtered = (k < vocab) | (top_p < 1.0) | (min_p > 0.0)
-    done = ((temperature <= 0.0) | (top_k == 1.0) | (tl.load(do_sample_ptr + row) == 0)).to(tl.int32)
+    rep, presence, frequency, divisor, top_p, k, min_p, filtered, done = _row_params(
+        sampling_ptr, do_sample_ptr, row, slot, s_sampling, vocab, REP, PRESENCE, FREQUENCY, TEMPERATURE, TOP_P,
+        TOP_K, MIN_P)
+    top, weights = _row_masses(part_top_ptr, part_sum_ptr, row, num_blocks, blocks)
+    limit = top_p * tl.sum(weights, axis=0)
     seed = tl.load(seed_ptr + slot)
     counter = tl.load(generated_ptr + slot)
     pivot = float("-inf")
+    finished = done.to(tl.int32)
     r = 0
-    while (done == 0) & (r < ROUNDS):
-        # the block the draw falls in, by the block masses left, then the token inside it
-        target = _philox_uniform(seed, counter, r) * tl.sum(weights, axis=0)
-        cumulative = tl.cumsum(weights, axis=0)
-        j = tl.min(tl.where(cumulative > target, blocks, BLOCKS), axis=0)
-        j = tl.where(j < BLOCKS, j, tl.max(tl.where(weights > 0, blocks, 0), axis=0))  # past the end: rounding
-        before = tl.sum(tl.where(blocks == j, cumulative - weights, 0.0), axis=0)
-        cols = j * BLOCK + lanes
-        scores = tl.math.div_rn(_penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols, vocab,
-                                           s_logits, s_counts, rep, presence, frequency), divisor)
-        live = tl.where(scores > pivot, tl.exp(scores - top), 0.0)
-        i = tl.min(tl.where(before + tl.cumsum(live, axis=0) > target, lanes, BLOCK), axis=0)
-        i = tl.where(i < BLOCK, i, tl.max(tl.where(live > 0, lanes, 0), axis=0))
-        score = tl.max(tl.where(lanes == i, scores, float("-inf")), axis=0)
-        drawn = (j * BLOCK + i).to(tl.int64)
+    while (finished == 0) & (r < ROUNDS):
+        if r == 0:
+            drawn = tl.load(first_token_ptr + row)
+            score = tl.load(first_score_ptr + row)
+        else:
+            drawn, score = _draw(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, vocab, s_logits, s_counts,
+                                 rep, presence, frequency, divisor, weights, top, pivot,
+                                 _philox_uniform(seed, counter, r), blocks, lanes, BLOCK, BLOCKS)
         accept = (filtered == 0) | (score >= top)
         if accept == 0:
-            # the scores above the draw and above the second pivot, halfway to the top
-            # (the counts stay per lane until the end: two block sums a tile, not four)
             mid = (score + top) * 0.5
-            counts = tl.zeros((BLOCK,), tl.int32)
-            counts_mid = tl.zeros((BLOCK,), tl.int32)
-            above_blocks = tl.zeros((BLOCKS,), tl.float32)
-            mid_blocks = tl.zeros((BLOCKS,), tl.float32)
-            for block in range(0, num_blocks):
-                cols = block * BLOCK + lanes
-                scores = tl.math.div_rn(_penalized(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, cols,
-                                                   vocab, s_logits, s_counts, rep, presence, frequency), divisor)
-                weight = tl.exp(scores - top)
-                above = scores > score
-                above_mid = scores > mid
-                counts += above.to(tl.int32)
-                counts_mid += above_mid.to(tl.int32)
-                above_blocks = tl.where(blocks == block, tl.sum(tl.where(above, weight, 0.0), axis=0), above_blocks)
-                mid_blocks = tl.where(blocks == block, tl.sum(tl.where(above_mid, weight, 0.0), axis=0), mid_blocks)
-            limit = top_p * total
-            accept = ((tl.sum(counts, axis=0) < k) & (tl.sum(above_blocks, axis=0) < limit)
-                      & (tl.exp(score - top) >= min_p))
+            if r == 0:
+                count = tl.sum(tl.load(part_count_ptr + part, mask=in_row, other=0), axis=0)
+                count_mid = tl.sum(tl.load(part_count_mid_ptr + part, mask=in_row, other=0), axis=0)
+                above_blocks = tl.load(part_mass_ptr + part, mask=in_row, other=0.0)
+                mid_blocks = tl.load(part_mass_mid_ptr + part, mask=in_row, other=0.0)
+            else:
+                # (the counts stay per lane until the end: two block sums a tile, not four)
+                counts = tl.zeros((BLOCK,), tl.int32)
+                counts_mid = tl.zeros((BLOCK,), tl.int32)
+                above_blocks = tl.zeros((BLOCKS,), tl.float32)
+                mid_blocks = tl.zeros((BLOCKS,), tl.float32)
+                for block in range(0, num_blocks):
+                    scores = _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, lanes,
+                                           vocab, s_logits, s_counts, rep, presence, frequency, divisor, BLOCK)
+                    weight = tl.exp(scores - top)
+                    above = scores > score
+                    above_mid = scores > mid
+                    counts += above.to(tl.int32)
+                    counts_mid += above_mid.to(tl.int32)
+                    above_blocks = tl.where(blocks == block, tl.sum(tl.where(above, weight, 0.0), axis=0),
+                                            above_blocks)
+                    mid_blocks = tl.where(blocks == block, tl.sum(tl.where(above_mid, weight, 0.0), axis=0),
+                                          mid_blocks)
+                count = tl.sum(counts, axis=0)
+                count_mid = tl.sum(counts_mid, axis=0)
+            accept = (count < k) & (tl.sum(above_blocks, axis=0) < limit) & (tl.exp(score - top) >= min_p)
             if accept == 0:
-                mid_kept = ((tl.sum(counts_mid, axis=0) < k) & (tl.sum(mid_blocks, axis=0) < limit)
-                            & (tl.exp(mid - top) >= min_p))
+                mid_kept = (count_mid < k) & (tl.sum(mid_blocks, axis=0) < limit) & (tl.exp(mid - top) >= min_p)
                 pivot = tl.where(mid_kept, score, mid)
                 weights = tl.where(mid_kept, above_blocks, mid_blocks)
         if accept != 0:
             token = drawn
-            done = 1
+            finished = 1
         r += 1
     previous = tl.load(slot_token_ptr + slot)
     tl.store(out_ptr + row, tl.where(tl.load(do_sample_ptr + row) != 0, token, previous))
@@ -369,7 +458,7 @@ def _draw_kernel(
 def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
                   prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
                   slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor) -> torch.Tensor:
-    """:func:`flare.model.sampling.sampled_tokens` in two launches (same arguments; the same
+    """:func:`flare.model.sampling.sampled_tokens` in three launches (same arguments; the same
     tokens but where a draw lands within rounding of a block or token boundary)."""
     kernel = "sample_tokens"
     _check_token_inputs(kernel, logits, sampling, output_counts, prompt_counts, slots, do_sample, slot_token)
@@ -391,13 +480,26 @@ def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
         vocab, num_blocks, logits.stride(0), sampling.stride(0), output_counts.stride(0), **columns,
         BLOCK=_BLOCK, PDL=pdl, num_warps=4, enable_fp_fusion=False, **pdl_options(pdl),
     )
+    first_token = torch.empty(b, dtype=torch.int64, device=dev)
+    first_score = torch.empty(b, dtype=torch.float32, device=dev)
+    part_count = torch.empty((b, num_blocks), dtype=torch.int32, device=dev)
+    part_count_mid = torch.empty((b, num_blocks), dtype=torch.int32, device=dev)
+    part_mass = torch.empty((b, num_blocks), dtype=torch.float32, device=dev)
+    part_mass_mid = torch.empty((b, num_blocks), dtype=torch.float32, device=dev)
+    columns.update(TOP_P=SAMPLING_TOP_P, TOP_K=SAMPLING_TOP_K, MIN_P=SAMPLING_MIN_P)
+    shape = dict(BLOCK=_BLOCK, BLOCKS=next_power_of_2(num_blocks), PDL=pdl, enable_fp_fusion=False,
+                 **pdl_options(pdl))
+    strides = (vocab, num_blocks, logits.stride(0), sampling.stride(0), output_counts.stride(0))
+    _first_round_kernel[(b, num_blocks)](
+        logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top,
+        part_sum, first_token, first_score, part_count, part_mass, part_count_mid, part_mass_mid, *strides,
+        **columns, **shape, num_warps=4,
+    )
     out = torch.empty(b, dtype=torch.int64, device=dev)
-    _draw_kernel[(b,)](
+    _rounds_kernel[(b,)](
         logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, slot_token,
-        part_max, part_idx, part_top, part_sum, out, vocab, num_blocks, logits.stride(0), sampling.stride(0),
-        output_counts.stride(0), **columns, TOP_P=SAMPLING_TOP_P, TOP_K=SAMPLING_TOP_K, MIN_P=SAMPLING_MIN_P,
-        ROUNDS=SAMPLE_ROUNDS, BLOCK=_BLOCK, BLOCKS=next_power_of_2(num_blocks), PDL=pdl, num_warps=8,
-        enable_fp_fusion=False, **pdl_options(pdl),
+        part_max, part_idx, part_top, part_sum, first_token, first_score, part_count, part_mass, part_count_mid,
+        part_mass_mid, out, *strides, **columns, ROUNDS=SAMPLE_ROUNDS, **shape, num_warps=8,
     )
     return out
 

@@ -135,7 +135,7 @@ def _sampling_rows(slots: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sample_tokens_match_the_reference(seed):
-    """The two-launch sampler draws the reference's tokens, row for row, across filters,
+    """The three-launch sampler draws the reference's tokens, row for row, across filters,
     penalties, greedy rows and rows that do not sample; the rounds' uniforms are the
     reference's Philox words."""
     slots = 8
