@@ -292,6 +292,7 @@ def test_token_choice_kernels_compile_for_sm90(launches):
                 torch.ones(b, dtype=torch.bool), torch.zeros(slots, dtype=torch.int64))
         greedy_tokens(*args)
         sample_tokens(*args, seeds, seeds.clone())
+        sample_tokens(*args, seeds, seeds.clone(), parallel_first=False)
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
     assert {"_penalized_block_max_kernel", "_pick_kernel", "_sample_stats_kernel", "_first_round_kernel",

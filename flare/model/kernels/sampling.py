@@ -18,8 +18,10 @@ and its index and the block's largest score and sum of exponentials. The second,
 the same grid, draws round 0's token from those block masses and one block's scan, and
 a row with filters counts each block's scores above the draw and above the second
 pivot there, in parallel. The third, one program a row, decides round 0 from those
-counts and runs any later round itself: a draw, then one pass over the row. Philox runs
-in registers, word for word the reference's.
+counts and runs any later round itself: a draw, then one pass over the row. Past
+``PARALLEL_FIRST_MAX_ROWS`` rows the second launch is left out and the third runs round
+0 too (measured: there the grid's redundant draws cost more than they save). Philox
+runs in registers, word for word the reference's.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ from ..sampling import SAMPLE_ROUNDS
 from ._common import next_power_of_2, pdl_level, pdl_options, require, require_same_device, wait_for_inputs
 
 _BLOCK = 2048
+# Up to this many rows, round 0 runs over the whole (row, block) grid in its own launch; past
+# it, every program of that launch drawing the round's token costs more than the one-program
+# pass it saves (H100, 2026-12-06, docs/benchmarks.md: with Ollama's filters on peaked logits
+# 14 against 48 us at 1 row and 196 against 235 at 64, but 494 against 379 at 256).
+PARALLEL_FIRST_MAX_ROWS = 64
 
 
 @triton.jit
@@ -381,12 +388,13 @@ def _rounds_kernel(
     vocab, num_blocks, s_logits, s_sampling, s_counts,
     REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
     TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr, ROUNDS: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
+    FIRST_DONE: tl.constexpr, BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    # One row's rounds (flare.model.sampling.sample). Round 0's draw and counts come from
-    # _first_round_kernel; a later round draws here and, if the row has filters, reads every
-    # block once, counting the scores above the draw and above the second pivot and the
-    # masses above each per block (one of them is the next round's block masses on a rejection).
+    # One row's rounds (flare.model.sampling.sample). With FIRST_DONE (1), round 0's draw and
+    # counts come from _first_round_kernel. Any other round draws here and, if the row has
+    # filters, reads every block once, counting the scores above the draw and above the second
+    # pivot and the masses above each per block (one of them is the next round's block masses
+    # on a rejection).
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -407,7 +415,7 @@ def _rounds_kernel(
     finished = done.to(tl.int32)
     r = 0
     while (finished == 0) & (r < ROUNDS):
-        if r == 0:
+        if r < FIRST_DONE:
             drawn = tl.load(first_token_ptr + row)
             score = tl.load(first_score_ptr + row)
         else:
@@ -417,7 +425,7 @@ def _rounds_kernel(
         accept = (filtered == 0) | (score >= top)
         if accept == 0:
             mid = (score + top) * 0.5
-            if r == 0:
+            if r < FIRST_DONE:
                 count = tl.sum(tl.load(part_count_ptr + part, mask=in_row, other=0), axis=0)
                 count_mid = tl.sum(tl.load(part_count_mid_ptr + part, mask=in_row, other=0), axis=0)
                 above_blocks = tl.load(part_mass_ptr + part, mask=in_row, other=0.0)
@@ -457,9 +465,12 @@ def _rounds_kernel(
 
 def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
                   prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
-                  slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor) -> torch.Tensor:
+                  slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor,
+                  parallel_first: bool | None = None) -> torch.Tensor:
     """:func:`flare.model.sampling.sampled_tokens` in three launches (same arguments; the same
-    tokens but where a draw lands within rounding of a block or token boundary)."""
+    tokens but where a draw lands within rounding of a block or token boundary). Without
+    ``parallel_first`` (the default past PARALLEL_FIRST_MAX_ROWS rows) round 0 runs in the
+    rounds kernel too: two launches."""
     kernel = "sample_tokens"
     _check_token_inputs(kernel, logits, sampling, output_counts, prompt_counts, slots, do_sample, slot_token)
     require(slot_seed.dtype == slot_generated.dtype == torch.int64 and slot_seed.dim() == slot_generated.dim() == 1,
@@ -490,16 +501,20 @@ def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
     shape = dict(BLOCK=_BLOCK, BLOCKS=next_power_of_2(num_blocks), PDL=pdl, enable_fp_fusion=False,
                  **pdl_options(pdl))
     strides = (vocab, num_blocks, logits.stride(0), sampling.stride(0), output_counts.stride(0))
-    _first_round_kernel[(b, num_blocks)](
-        logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top,
-        part_sum, first_token, first_score, part_count, part_mass, part_count_mid, part_mass_mid, *strides,
-        **columns, **shape, num_warps=4,
-    )
+    if parallel_first is None:
+        parallel_first = b <= PARALLEL_FIRST_MAX_ROWS
+    if parallel_first:
+        _first_round_kernel[(b, num_blocks)](
+            logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top,
+            part_sum, first_token, first_score, part_count, part_mass, part_count_mid, part_mass_mid, *strides,
+            **columns, **shape, num_warps=4,
+        )
     out = torch.empty(b, dtype=torch.int64, device=dev)
     _rounds_kernel[(b,)](
         logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, slot_token,
         part_max, part_idx, part_top, part_sum, first_token, first_score, part_count, part_mass, part_count_mid,
-        part_mass_mid, out, *strides, **columns, ROUNDS=SAMPLE_ROUNDS, **shape, num_warps=8,
+        part_mass_mid, out, *strides, **columns, ROUNDS=SAMPLE_ROUNDS, FIRST_DONE=int(parallel_first), **shape,
+        num_warps=8,
     )
     return out
 
