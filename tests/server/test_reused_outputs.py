@@ -34,7 +34,7 @@ def test_a_completion_sent_back_is_read_as_it_was_generated(served):
         prompt = LEAD + f"Question: what is the weather in {city}?\nJSON:\n"
         before = metric(served, "flare_outputs_carried_back_total")
         status, first = post_json(served, "/v1/completions", {
-            "model": served.model, "prompt": prompt, "max_tokens": 40, "temperature": 0.9, "seed": 3,
+            "model": served.model, "prompt": prompt, "max_tokens": 40, "temperature": 0.9, "seed": 2,
             "structured_outputs": {"json": SCHEMA}})
         assert status == 200, first
         text = first["choices"][0]["text"]
