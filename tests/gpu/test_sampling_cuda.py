@@ -49,9 +49,9 @@ def _rows(slots: int) -> torch.Tensor:
     return sampling.to(DEV)
 
 
-@pytest.mark.parametrize("parallel_first", [True, False], ids=["round0-grid", "round0-row"])
+@pytest.mark.parametrize("first", ["grid", "drawn", "row"])
 @pytest.mark.parametrize("scale", [1.0, 4.0])
-def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale, parallel_first):
+def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale, first):
     vocab, b = 128256, 224
     gen = torch.Generator(device=DEV).manual_seed(int(scale))
     sampling = _rows(b)
@@ -68,7 +68,7 @@ def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale, pa
         generated += 1
         args = (logits, sampling, out_counts, prompt_counts, rows, do_sample, slot_token, seeds, generated)
         want = reference.sampled_tokens(*args)
-        got = sample_tokens(*args, parallel_first=parallel_first)
+        got = sample_tokens(*args, first=first)
         same += int((got == want).sum())
         total += b
         greedy = (sampling[:, SAMPLING_TEMPERATURE] <= 0)
@@ -76,8 +76,8 @@ def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale, pa
     assert same >= 0.98 * total, f"only {same} of {total} draws match the reference"
 
 
-@pytest.mark.parametrize("parallel_first", [True, False], ids=["round0-grid", "round0-row"])
-def test_the_kernels_draws_follow_the_filtered_distribution(parallel_first):
+@pytest.mark.parametrize("first", ["grid", "drawn", "row"])
+def test_the_kernels_draws_follow_the_filtered_distribution(first):
     """Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9) on one peaked row, 32,768
     draws: no token outside the filtered set, each kept token's frequency within 5 sigma."""
     vocab, slots, rounds = 32000, 4096, 8
@@ -101,7 +101,7 @@ def test_the_kernels_draws_follow_the_filtered_distribution(parallel_first):
         tokens = sample_tokens(logits.expand(slots, vocab).contiguous(), sampling, zeros, zeros, rows,
                                torch.ones(slots, dtype=torch.bool, device=DEV),
                                torch.zeros(slots, dtype=torch.int64, device=DEV), seeds, generated,
-                               parallel_first=parallel_first)
+                               first=first)
         counts += torch.bincount(tokens, minlength=vocab).float()
     n = slots * rounds
     assert float(counts[expected == 0].sum()) == 0, "a filtered-out token was drawn"

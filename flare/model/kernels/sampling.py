@@ -337,6 +337,23 @@ def _draw(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, vocab, s_log
 
 
 @triton.jit
+def _count_block(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, vocab, s_logits, s_counts, rep,
+                 presence, frequency, divisor, top, score, part_count_ptr, part_mass_ptr, part_count_mid_ptr,
+                 part_mass_mid_ptr, num_blocks, BLOCK: tl.constexpr):
+    """Round 0's pass over one block: its scores above the draw and above the second pivot
+    (halfway to the top), and their masses."""
+    scores = _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, tl.arange(0, BLOCK), vocab,
+                           s_logits, s_counts, rep, presence, frequency, divisor, BLOCK)
+    weight = tl.exp(scores - top)
+    mid = (score + top) * 0.5
+    at = row * num_blocks + block
+    tl.store(part_count_ptr + at, tl.sum((scores > score).to(tl.int32), axis=0))
+    tl.store(part_mass_ptr + at, tl.sum(tl.where(scores > score, weight, 0.0), axis=0))
+    tl.store(part_count_mid_ptr + at, tl.sum((scores > mid).to(tl.int32), axis=0))
+    tl.store(part_mass_mid_ptr + at, tl.sum(tl.where(scores > mid, weight, 0.0), axis=0))
+
+
+@triton.jit
 def _first_round_kernel(
     logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
     do_sample_ptr, part_top_ptr, part_sum_ptr, first_token_ptr, first_score_ptr,
@@ -369,15 +386,66 @@ def _first_round_kernel(
             tl.store(first_token_ptr + row, drawn)
             tl.store(first_score_ptr + row, score)
         if filtered & (score < top):
-            scores = _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, lanes, vocab,
-                                   s_logits, s_counts, rep, presence, frequency, divisor, BLOCK)
-            weight = tl.exp(scores - top)
-            mid = (score + top) * 0.5
-            at = row * num_blocks + block
-            tl.store(part_count_ptr + at, tl.sum((scores > score).to(tl.int32), axis=0))
-            tl.store(part_mass_ptr + at, tl.sum(tl.where(scores > score, weight, 0.0), axis=0))
-            tl.store(part_count_mid_ptr + at, tl.sum((scores > mid).to(tl.int32), axis=0))
-            tl.store(part_mass_mid_ptr + at, tl.sum(tl.where(scores > mid, weight, 0.0), axis=0))
+            _count_block(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, vocab, s_logits, s_counts,
+                         rep, presence, frequency, divisor, top, score, part_count_ptr, part_mass_ptr,
+                         part_count_mid_ptr, part_mass_mid_ptr, num_blocks, BLOCK)
+
+
+@triton.jit
+def _first_draw_kernel(
+    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
+    do_sample_ptr, part_top_ptr, part_sum_ptr, first_token_ptr, first_score_ptr,
+    vocab, num_blocks, s_logits, s_sampling, s_counts,
+    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
+    TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
+):
+    # Round 0's draw, one program a row: the counts over the row's blocks follow in their own
+    # launch (_first_counts_kernel), so no program draws the same token twice.
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    rep, presence, frequency, divisor, top_p, k, min_p, filtered, done = _row_params(
+        sampling_ptr, do_sample_ptr, row, slot, s_sampling, vocab, REP, PRESENCE, FREQUENCY, TEMPERATURE, TOP_P,
+        TOP_K, MIN_P)
+    if done == 0:
+        blocks = tl.arange(0, BLOCKS)
+        top, weights = _row_masses(part_top_ptr, part_sum_ptr, row, num_blocks, blocks)
+        uniform = _philox_uniform(tl.load(seed_ptr + slot), tl.load(generated_ptr + slot), tl.full((), 0, tl.int32))
+        drawn, score = _draw(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, vocab, s_logits, s_counts, rep,
+                             presence, frequency, divisor, weights, top, float("-inf"), uniform, blocks,
+                             tl.arange(0, BLOCK), BLOCK, BLOCKS)
+        tl.store(first_token_ptr + row, drawn)
+        tl.store(first_score_ptr + row, score)
+
+
+@triton.jit
+def _first_counts_kernel(
+    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, do_sample_ptr, part_top_ptr,
+    first_score_ptr, part_count_ptr, part_mass_ptr, part_count_mid_ptr, part_mass_mid_ptr,
+    vocab, num_blocks, s_logits, s_sampling, s_counts,
+    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
+    TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
+):
+    # Round 0's counts over the grid (row, block) for a filtered row whose draw is below the
+    # top: its block's scores above the draw and above the second pivot, and their masses.
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    rep, presence, frequency, divisor, top_p, k, min_p, filtered, done = _row_params(
+        sampling_ptr, do_sample_ptr, row, slot, s_sampling, vocab, REP, PRESENCE, FREQUENCY, TEMPERATURE, TOP_P,
+        TOP_K, MIN_P)
+    if (done == 0) & filtered:
+        blocks = tl.arange(0, BLOCKS)
+        top = tl.max(tl.load(part_top_ptr + row * num_blocks + blocks, mask=blocks < num_blocks,
+                             other=float("-inf")), axis=0)
+        score = tl.load(first_score_ptr + row)
+        if score < top:
+            _count_block(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, vocab, s_logits, s_counts,
+                         rep, presence, frequency, divisor, top, score, part_count_ptr, part_mass_ptr,
+                         part_count_mid_ptr, part_mass_mid_ptr, num_blocks, BLOCK)
 
 
 @triton.jit
@@ -466,7 +534,7 @@ def _rounds_kernel(
 def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
                   prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
                   slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor,
-                  parallel_first: bool | None = None) -> torch.Tensor:
+                  first: str | None = None) -> torch.Tensor:
     """:func:`flare.model.sampling.sampled_tokens` in three launches (same arguments; the same
     tokens but where a draw lands within rounding of a block or token boundary). Without
     ``parallel_first`` (the default past PARALLEL_FIRST_MAX_ROWS rows) round 0 runs in the
@@ -501,19 +569,29 @@ def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
     shape = dict(BLOCK=_BLOCK, BLOCKS=next_power_of_2(num_blocks), PDL=pdl, enable_fp_fusion=False,
                  **pdl_options(pdl))
     strides = (vocab, num_blocks, logits.stride(0), sampling.stride(0), output_counts.stride(0))
-    if parallel_first is None:
-        parallel_first = b <= PARALLEL_FIRST_MAX_ROWS
-    if parallel_first:
+    if first is None:
+        first = "grid" if b <= PARALLEL_FIRST_MAX_ROWS else "row"
+    require(first in ("grid", "drawn", "row"), kernel, f"first must be grid, drawn or row, not {first!r}")
+    if first == "grid":
         _first_round_kernel[(b, num_blocks)](
             logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top,
             part_sum, first_token, first_score, part_count, part_mass, part_count_mid, part_mass_mid, *strides,
             **columns, **shape, num_warps=4,
         )
+    elif first == "drawn":
+        _first_draw_kernel[(b,)](
+            logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top,
+            part_sum, first_token, first_score, *strides, **columns, **shape, num_warps=4,
+        )
+        _first_counts_kernel[(b, num_blocks)](
+            logits, sampling, output_counts, prompt_counts, slots, do_sample, part_top, first_score, part_count,
+            part_mass, part_count_mid, part_mass_mid, *strides, **columns, **shape, num_warps=4,
+        )
     out = torch.empty(b, dtype=torch.int64, device=dev)
     _rounds_kernel[(b,)](
         logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, slot_token,
         part_max, part_idx, part_top, part_sum, first_token, first_score, part_count, part_mass, part_count_mid,
-        part_mass_mid, out, *strides, **columns, ROUNDS=SAMPLE_ROUNDS, FIRST_DONE=int(parallel_first), **shape,
+        part_mass_mid, out, *strides, **columns, ROUNDS=SAMPLE_ROUNDS, FIRST_DONE=int(first != "row"), **shape,
         num_warps=8,
     )
     return out
