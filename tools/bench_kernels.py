@@ -350,10 +350,7 @@ def bench_sampling(results: dict, batches=(1, 8, 64, 128, 256)) -> None:
 
     gen = torch.Generator(device=DEV).manual_seed(3)
     print("\n== sampling variant's token choice, 128,256 logits: us per call ==")
-    # round 0's forms (kernels.sampling.sample_tokens's ``first``): over the grid with every program
-    # drawing, drawn by one program a row then counted over the grid, or in the rounds kernel
-    forms = ("grid", "drawn", "row")
-    row("rows", "params", "sort-free", *(f"round 0 {f}" for f in forms), "sorted torch", "greedy kernel", "logprobs")
+    row("rows", "params", "sort-free", "sorted torch", "greedy kernel", "logprobs")
     # Random logits are a flat distribution (the filtered rows' worst case: many rounds); the
     # "peaked" rows lift eight random tokens by 12, so most of the mass sits on a few tokens
     # as after a language model's usual context.
@@ -381,14 +378,12 @@ def bench_sampling(results: dict, batches=(1, 8, 64, 128, 256)) -> None:
                                torch.full((b, 8), 12.0, device=DEV))
             args = [(x, sampling, counts, counts, slot_ids, yes, token, seeds, generated) for x in xs]
             ours = graph_us([lambda a=a: sample_tokens(*a) for a in args])
-            by_form = {f: graph_us([lambda a=a, f=f: sample_tokens(*a, first=f) for a in args]) for f in forms}
             ref = graph_us([lambda a=a: _sorted_sampler(*a) for a in args])
             greedy = graph_us([lambda a=a: greedy_tokens(*a[:7]) for a in args])
             logprobs = graph_us([lambda x=x: torch.log_softmax(x, dim=-1).topk(20, dim=-1) for x in xs])
-            row(b, label, ours, *by_form.values(), ref, greedy, logprobs)
-            results[f"sampling_b{b}_{key}"] = {"sort_free_us": ours, "sorted_us": ref, "greedy_us": greedy,
-                                               "logprobs_us": logprobs,
-                                               **{f"first_{f}_us": t for f, t in by_form.items()}}
+            row(b, label, ours, ref, greedy, logprobs)
+            results[f"sampling_b{b}_{key}"] = {"sort_free_us": ours, "sorted_us": ref,
+                                                          "greedy_us": greedy, "logprobs_us": logprobs}
             del xs, args
     torch.cuda.empty_cache()
 

@@ -49,9 +49,8 @@ def _rows(slots: int) -> torch.Tensor:
     return sampling.to(DEV)
 
 
-@pytest.mark.parametrize("first", ["grid", "drawn", "row"])
 @pytest.mark.parametrize("scale", [1.0, 4.0])
-def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale, first):
+def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale):
     vocab, b = 128256, 224
     gen = torch.Generator(device=DEV).manual_seed(int(scale))
     sampling = _rows(b)
@@ -68,7 +67,7 @@ def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale, fi
         generated += 1
         args = (logits, sampling, out_counts, prompt_counts, rows, do_sample, slot_token, seeds, generated)
         want = reference.sampled_tokens(*args)
-        got = sample_tokens(*args, first=first)
+        got = sample_tokens(*args)
         same += int((got == want).sum())
         total += b
         greedy = (sampling[:, SAMPLING_TEMPERATURE] <= 0)
@@ -76,8 +75,7 @@ def test_the_kernel_draws_the_references_tokens_at_the_real_vocabulary(scale, fi
     assert same >= 0.98 * total, f"only {same} of {total} draws match the reference"
 
 
-@pytest.mark.parametrize("first", ["grid", "drawn", "row"])
-def test_the_kernels_draws_follow_the_filtered_distribution(first):
+def test_the_kernels_draws_follow_the_filtered_distribution():
     """Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9) on one peaked row, 32,768
     draws: no token outside the filtered set, each kept token's frequency within 5 sigma."""
     vocab, slots, rounds = 32000, 4096, 8
@@ -100,8 +98,7 @@ def test_the_kernels_draws_follow_the_filtered_distribution(first):
         generated += 1
         tokens = sample_tokens(logits.expand(slots, vocab).contiguous(), sampling, zeros, zeros, rows,
                                torch.ones(slots, dtype=torch.bool, device=DEV),
-                               torch.zeros(slots, dtype=torch.int64, device=DEV), seeds, generated,
-                               first=first)
+                               torch.zeros(slots, dtype=torch.int64, device=DEV), seeds, generated)
         counts += torch.bincount(tokens, minlength=vocab).float()
     n = slots * rounds
     assert float(counts[expected == 0].sum()) == 0, "a filtered-out token was drawn"

@@ -291,13 +291,12 @@ def test_token_choice_kernels_compile_for_sm90(launches):
         args = (torch.randn(b, 128256), torch.ones(slots, SAMPLING_COLUMNS), counts, counts.clone(), torch.arange(b),
                 torch.ones(b, dtype=torch.bool), torch.zeros(slots, dtype=torch.int64))
         greedy_tokens(*args)
-        for first in ("grid", "drawn", "row"):
-            sample_tokens(*args, seeds, seeds.clone(), first=first)
+        sample_tokens(*args, seeds, seeds.clone())
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
-    assert {"_penalized_block_max_kernel", "_pick_kernel", "_sample_stats_kernel", "_first_round_kernel",
-            "_first_draw_kernel", "_first_counts_kernel", "_rounds_kernel"} <= set(names), names
-    for name in ("_penalized_block_max_kernel", "_sample_stats_kernel", "_first_round_kernel", "_first_draw_kernel",
+    assert {"_penalized_block_max_kernel", "_pick_kernel", "_sample_stats_kernel", "_first_draw_kernel",
+            "_first_counts_kernel", "_rounds_kernel"} <= set(names), names
+    for name in ("_penalized_block_max_kernel", "_sample_stats_kernel", "_first_draw_kernel",
                  "_first_counts_kernel", "_rounds_kernel"):
         assert all("div.rn.f32" in text and "fma.rn.f32" not in text for text in ptx[name]), \
             f"{name}: penalties and temperature must divide and subtract as the torch reference does"

@@ -1,5 +1,5 @@
 """Token choice inside the captured decode graphs: the greedy variant in two launches,
-the sampling variant in three.
+the sampling variant in four.
 
 :func:`flare.model.sampling.greedy_tokens` gathers each row's slot state, applies
 the penalties over the vocabulary in about ten elementwise kernels and reduces
@@ -14,14 +14,16 @@ the row's maximum, so ties resolve to the lowest token id as ``argmax`` does.
 :func:`sample_tokens` is :func:`flare.model.sampling.sampled_tokens` (the rounds of
 draws that the reference's module docstring describes) without its sort-free torch
 form's many launches. The first kernel keeps, per (row, block), the penalized maximum
-and its index and the block's largest score and sum of exponentials. The second, over
-the same grid, draws round 0's token from those block masses and one block's scan, and
-a row with filters counts each block's scores above the draw and above the second
-pivot there, in parallel. The third, one program a row, decides round 0 from those
-counts and runs any later round itself: a draw, then one pass over the row. Past
-``PARALLEL_FIRST_MAX_ROWS`` rows the second launch is left out and the third runs round
-0 too (measured: there the grid's redundant draws cost more than they save). Philox
-runs in registers, word for word the reference's.
+and its index and the block's largest score and sum of exponentials. For a row with
+filters, the second (one program a row) draws round 0's token from those block masses
+and one block's scan, and the third (the (row, block) grid again) counts each block's
+scores above the draw and above the second pivot, in parallel. The fourth, one program a
+row, decides round 0 from those counts (a row without filters draws there and accepts)
+and runs any later round itself: a draw, then one pass over the row. The draw has its
+own launch so that no program of the grid draws it again (measured against the grid
+drawing it in every program and against round 0 in the last kernel: docs/benchmarks.md,
+"the sampling variant without a sort"). Philox runs in registers, word for word the
+reference's.
 """
 
 from __future__ import annotations
@@ -44,11 +46,6 @@ from ..sampling import SAMPLE_ROUNDS
 from ._common import next_power_of_2, pdl_level, pdl_options, require, require_same_device, wait_for_inputs
 
 _BLOCK = 2048
-# Up to this many rows, round 0 runs over the whole (row, block) grid in its own launch; past
-# it, every program of that launch drawing the round's token costs more than the one-program
-# pass it saves (H100, 2026-12-06, docs/benchmarks.md: with Ollama's filters on peaked logits
-# 14 against 48 us at 1 row and 196 against 235 at 64, but 494 against 379 at 256).
-PARALLEL_FIRST_MAX_ROWS = 64
 
 
 @triton.jit
@@ -354,44 +351,6 @@ def _count_block(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block
 
 
 @triton.jit
-def _first_round_kernel(
-    logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
-    do_sample_ptr, part_top_ptr, part_sum_ptr, first_token_ptr, first_score_ptr,
-    part_count_ptr, part_mass_ptr, part_count_mid_ptr, part_mass_mid_ptr,
-    vocab, num_blocks, s_logits, s_sampling, s_counts,
-    REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
-    TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
-):
-    # Round 0 over the whole grid (row, block): every program of a filtered row draws the
-    # round's token (the same one: same code, same inputs), then counts its own block's
-    # scores above the draw and above the second pivot and their masses; the rounds kernel
-    # sums them. A row without filters draws in its block-0 program only.
-    wait_for_inputs(PDL)
-    row = tl.program_id(0)
-    block = tl.program_id(1)
-    slot = tl.load(slots_ptr + row).to(tl.int64)
-    rep, presence, frequency, divisor, top_p, k, min_p, filtered, done = _row_params(
-        sampling_ptr, do_sample_ptr, row, slot, s_sampling, vocab, REP, PRESENCE, FREQUENCY, TEMPERATURE, TOP_P,
-        TOP_K, MIN_P)
-    if (done == 0) & ((block == 0) | filtered):
-        blocks = tl.arange(0, BLOCKS)
-        lanes = tl.arange(0, BLOCK)
-        top, weights = _row_masses(part_top_ptr, part_sum_ptr, row, num_blocks, blocks)
-        uniform = _philox_uniform(tl.load(seed_ptr + slot), tl.load(generated_ptr + slot), tl.full((), 0, tl.int32))
-        drawn, score = _draw(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, vocab, s_logits, s_counts, rep,
-                             presence, frequency, divisor, weights, top, float("-inf"), uniform, blocks, lanes, BLOCK,
-                             BLOCKS)
-        if block == 0:
-            tl.store(first_token_ptr + row, drawn)
-            tl.store(first_score_ptr + row, score)
-        if filtered & (score < top):
-            _count_block(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, vocab, s_logits, s_counts,
-                         rep, presence, frequency, divisor, top, score, part_count_ptr, part_mass_ptr,
-                         part_count_mid_ptr, part_mass_mid_ptr, num_blocks, BLOCK)
-
-
-@triton.jit
 def _first_draw_kernel(
     logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
     do_sample_ptr, part_top_ptr, part_sum_ptr, first_token_ptr, first_score_ptr,
@@ -400,15 +359,16 @@ def _first_draw_kernel(
     TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr,
     BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    # Round 0's draw, one program a row: the counts over the row's blocks follow in their own
-    # launch (_first_counts_kernel), so no program draws the same token twice.
+    # Round 0's draw of a filtered row, one program a row: the counts over the row's blocks
+    # follow in their own launch (_first_counts_kernel). A row without filters takes its
+    # first draw and leaves in the rounds kernel.
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row).to(tl.int64)
     rep, presence, frequency, divisor, top_p, k, min_p, filtered, done = _row_params(
         sampling_ptr, do_sample_ptr, row, slot, s_sampling, vocab, REP, PRESENCE, FREQUENCY, TEMPERATURE, TOP_P,
         TOP_K, MIN_P)
-    if done == 0:
+    if (done == 0) & filtered:
         blocks = tl.arange(0, BLOCKS)
         top, weights = _row_masses(part_top_ptr, part_sum_ptr, row, num_blocks, blocks)
         uniform = _philox_uniform(tl.load(seed_ptr + slot), tl.load(generated_ptr + slot), tl.full((), 0, tl.int32))
@@ -456,13 +416,13 @@ def _rounds_kernel(
     vocab, num_blocks, s_logits, s_sampling, s_counts,
     REP: tl.constexpr, PRESENCE: tl.constexpr, FREQUENCY: tl.constexpr, TEMPERATURE: tl.constexpr,
     TOP_P: tl.constexpr, TOP_K: tl.constexpr, MIN_P: tl.constexpr, ROUNDS: tl.constexpr,
-    FIRST_DONE: tl.constexpr, BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    # One row's rounds (flare.model.sampling.sample). With FIRST_DONE (1), round 0's draw and
-    # counts come from _first_round_kernel. Any other round draws here and, if the row has
-    # filters, reads every block once, counting the scores above the draw and above the second
-    # pivot and the masses above each per block (one of them is the next round's block masses
-    # on a rejection).
+    # One row's rounds (flare.model.sampling.sample). A filtered row's round 0 was drawn and
+    # counted by the two launches before; a row without filters draws here and accepts. Any
+    # later round draws here and reads every block once, counting the scores above the draw
+    # and above the second pivot and the masses above each per block (one of them is the next
+    # round's block masses on a rejection).
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -483,7 +443,7 @@ def _rounds_kernel(
     finished = done.to(tl.int32)
     r = 0
     while (finished == 0) & (r < ROUNDS):
-        if r < FIRST_DONE:
+        if (r == 0) & filtered:
             drawn = tl.load(first_token_ptr + row)
             score = tl.load(first_score_ptr + row)
         else:
@@ -493,7 +453,7 @@ def _rounds_kernel(
         accept = (filtered == 0) | (score >= top)
         if accept == 0:
             mid = (score + top) * 0.5
-            if r < FIRST_DONE:
+            if r == 0:  # (only a filtered row gets here)
                 count = tl.sum(tl.load(part_count_ptr + part, mask=in_row, other=0), axis=0)
                 count_mid = tl.sum(tl.load(part_count_mid_ptr + part, mask=in_row, other=0), axis=0)
                 above_blocks = tl.load(part_mass_ptr + part, mask=in_row, other=0.0)
@@ -533,12 +493,9 @@ def _rounds_kernel(
 
 def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: torch.Tensor,
                   prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
-                  slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor,
-                  first: str | None = None) -> torch.Tensor:
-    """:func:`flare.model.sampling.sampled_tokens` in three launches (same arguments; the same
-    tokens but where a draw lands within rounding of a block or token boundary). Without
-    ``parallel_first`` (the default past PARALLEL_FIRST_MAX_ROWS rows) round 0 runs in the
-    rounds kernel too: two launches."""
+                  slot_token: torch.Tensor, slot_seed: torch.Tensor, slot_generated: torch.Tensor) -> torch.Tensor:
+    """:func:`flare.model.sampling.sampled_tokens` in four launches (same arguments; the same
+    tokens but where a draw lands within rounding of a block or token boundary)."""
     kernel = "sample_tokens"
     _check_token_inputs(kernel, logits, sampling, output_counts, prompt_counts, slots, do_sample, slot_token)
     require(slot_seed.dtype == slot_generated.dtype == torch.int64 and slot_seed.dim() == slot_generated.dim() == 1,
@@ -569,29 +526,19 @@ def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
     shape = dict(BLOCK=_BLOCK, BLOCKS=next_power_of_2(num_blocks), PDL=pdl, enable_fp_fusion=False,
                  **pdl_options(pdl))
     strides = (vocab, num_blocks, logits.stride(0), sampling.stride(0), output_counts.stride(0))
-    if first is None:
-        first = "grid" if b <= PARALLEL_FIRST_MAX_ROWS else "row"
-    require(first in ("grid", "drawn", "row"), kernel, f"first must be grid, drawn or row, not {first!r}")
-    if first == "grid":
-        _first_round_kernel[(b, num_blocks)](
-            logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top,
-            part_sum, first_token, first_score, part_count, part_mass, part_count_mid, part_mass_mid, *strides,
-            **columns, **shape, num_warps=4,
-        )
-    elif first == "drawn":
-        _first_draw_kernel[(b,)](
-            logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top,
-            part_sum, first_token, first_score, *strides, **columns, **shape, num_warps=4,
-        )
-        _first_counts_kernel[(b, num_blocks)](
-            logits, sampling, output_counts, prompt_counts, slots, do_sample, part_top, first_score, part_count,
-            part_mass, part_count_mid, part_mass_mid, *strides, **columns, **shape, num_warps=4,
-        )
+    _first_draw_kernel[(b,)](
+        logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, part_top, part_sum,
+        first_token, first_score, *strides, **columns, **shape, num_warps=4,
+    )
+    _first_counts_kernel[(b, num_blocks)](
+        logits, sampling, output_counts, prompt_counts, slots, do_sample, part_top, first_score, part_count, part_mass,
+        part_count_mid, part_mass_mid, *strides, **columns, **shape, num_warps=4,
+    )
     out = torch.empty(b, dtype=torch.int64, device=dev)
     _rounds_kernel[(b,)](
         logits, sampling, output_counts, prompt_counts, slots, slot_seed, slot_generated, do_sample, slot_token,
         part_max, part_idx, part_top, part_sum, first_token, first_score, part_count, part_mass, part_count_mid,
-        part_mass_mid, out, *strides, **columns, ROUNDS=SAMPLE_ROUNDS, FIRST_DONE=int(first != "row"), **shape,
+        part_mass_mid, out, *strides, **columns, ROUNDS=SAMPLE_ROUNDS, **shape,
         num_warps=8,
     )
     return out

@@ -133,10 +133,9 @@ def _sampling_rows(slots: int) -> torch.Tensor:
     return sampling[:slots].contiguous()
 
 
-@pytest.mark.parametrize("first", ["grid", "drawn", "row"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_sample_tokens_match_the_reference(seed, first):
-    """The three-launch sampler draws the reference's tokens, row for row, across filters,
+def test_sample_tokens_match_the_reference(seed):
+    """The four-launch sampler draws the reference's tokens, row for row, across filters,
     penalties, greedy rows and rows that do not sample; the rounds' uniforms are the
     reference's Philox words."""
     slots = 8
@@ -156,13 +155,12 @@ def test_sample_tokens_match_the_reference(seed, first):
         slot_generated += 1
         args = (logits, sampling, out_counts, prompt_counts, rows, do_sample, slot_token, slot_seed, slot_generated)
         want = reference.sampled_tokens(*args)
-        got = sample_tokens(*args, first=first)
+        got = sample_tokens(*args)
         assert torch.equal(got, want), f"draw {draw}: sample_tokens {got.tolist()} != reference {want.tolist()}"
     assert int(got[-1]) == int(slot_token[2]), "a row that does not sample keeps its slot's token"
 
 
-@pytest.mark.parametrize("first", ["grid", "drawn", "row"])
-def test_sample_tokens_keep_a_peaked_rows_filters_over_many_rounds(first):
+def test_sample_tokens_keep_a_peaked_rows_filters_over_many_rounds():
     """A flat row with top_k 2: most draws are rejected, each raising the pivot, until one of
     the two highest scores is drawn; the kernel follows the reference round for round."""
     slots = 4
@@ -178,7 +176,7 @@ def test_sample_tokens_keep_a_peaked_rows_filters_over_many_rounds(first):
             torch.zeros(slots, dtype=torch.int64), seeds, torch.arange(slots, dtype=torch.int64))
     want = reference.sampled_tokens(*args)
     assert set(want.tolist()) <= {4321, 17}
-    assert torch.equal(sample_tokens(*args, first=first), want)
+    assert torch.equal(sample_tokens(*args), want)
 
 
 def test_sample_tokens_refuse_bad_rng_state():
