@@ -334,23 +334,6 @@ def _draw(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, vocab, s_log
 
 
 @triton.jit
-def _count_block(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, vocab, s_logits, s_counts, rep,
-                 presence, frequency, divisor, top, score, part_count_ptr, part_mass_ptr, part_count_mid_ptr,
-                 part_mass_mid_ptr, num_blocks, BLOCK: tl.constexpr):
-    """Round 0's pass over one block: its scores above the draw and above the second pivot
-    (halfway to the top), and their masses."""
-    scores = _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, tl.arange(0, BLOCK), vocab,
-                           s_logits, s_counts, rep, presence, frequency, divisor, BLOCK)
-    weight = tl.exp(scores - top)
-    mid = (score + top) * 0.5
-    at = row * num_blocks + block
-    tl.store(part_count_ptr + at, tl.sum((scores > score).to(tl.int32), axis=0))
-    tl.store(part_mass_ptr + at, tl.sum(tl.where(scores > score, weight, 0.0), axis=0))
-    tl.store(part_count_mid_ptr + at, tl.sum((scores > mid).to(tl.int32), axis=0))
-    tl.store(part_mass_mid_ptr + at, tl.sum(tl.where(scores > mid, weight, 0.0), axis=0))
-
-
-@triton.jit
 def _first_draw_kernel(
     logits_ptr, sampling_ptr, out_counts_ptr, prompt_counts_ptr, slots_ptr, seed_ptr, generated_ptr,
     do_sample_ptr, part_top_ptr, part_sum_ptr, first_token_ptr, first_score_ptr,
@@ -403,9 +386,16 @@ def _first_counts_kernel(
                              other=float("-inf")), axis=0)
         score = tl.load(first_score_ptr + row)
         if score < top:
-            _count_block(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block, vocab, s_logits, s_counts,
-                         rep, presence, frequency, divisor, top, score, part_count_ptr, part_mass_ptr,
-                         part_count_mid_ptr, part_mass_mid_ptr, num_blocks, BLOCK)
+            scores = _block_scores(logits_ptr, out_counts_ptr, prompt_counts_ptr, row, slot, block,
+                                   tl.arange(0, BLOCK), vocab, s_logits, s_counts, rep, presence, frequency, divisor,
+                                   BLOCK)
+            weight = tl.exp(scores - top)
+            mid = (score + top) * 0.5
+            at = row * num_blocks + block
+            tl.store(part_count_ptr + at, tl.sum((scores > score).to(tl.int32), axis=0))
+            tl.store(part_mass_ptr + at, tl.sum(tl.where(scores > score, weight, 0.0), axis=0))
+            tl.store(part_count_mid_ptr + at, tl.sum((scores > mid).to(tl.int32), axis=0))
+            tl.store(part_mass_mid_ptr + at, tl.sum(tl.where(scores > mid, weight, 0.0), axis=0))
 
 
 @triton.jit
