@@ -74,6 +74,9 @@ class ServerConfig:
     port: int = 8000  # listen port; 0 picks a free one (logged at startup)
     api_key: str | None = None  # when set, every route but /health and /metrics needs "Bearer <api_key>"
     served_names: tuple[str, ...] = ()  # model aliases; the first non-empty one is the /v1/models id
+    # web page origins allowed beside the loopback ones ("*" = any; server/cors.py); a request
+    # with an Origin header from elsewhere gets 403
+    allowed_origins: tuple[str, ...] = ()
     queue_capacity: int = 0  # HTTP requests admitted beyond max_active; 0 = 4 x max_active
     frontend_workers: int = 2  # threads rendering templates and tokenizing, one request each
     max_body_bytes: int = 0  # 0 = derived from the context (32 bytes per token) + 1 MiB

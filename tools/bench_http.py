@@ -220,12 +220,31 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _probe(host: str, port: int, kind: str, tokens: int) -> None:
+    """One request of ``kind`` first: a server that answers it with an error would be timed
+    at its error rate (or, for streams, at 0 events/s: the loops wait for a [DONE])."""
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    if kind == "sse":
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({**CHAT_BODY, "max_tokens": tokens}),
+                     headers={"Content-Type": "application/json"})
+    else:
+        conn.request("GET", kind)
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    if response.status != 200 or (kind == "sse" and b"data: [DONE]" not in body):
+        raise SystemExit(f"bench_http: {kind} answered {response.status}, not a benchmark figure: {body[:500]!r}")
+
+
 def _bench_server(host: str, port: int, pid: int, args, pool) -> dict[str, float]:
     """Each figure as events/s of wall time and per CPU-second of the server process."""
     results = {}
     for name, kind, total in (("health_rps", "/health", args.connections),
                               ("models_rps", "/v1/models", args.connections),
                               ("sse_events_per_s", "sse", args.streams)):
+        _probe(host, port, kind, args.tokens)
         shares = [total // args.clients + (i < total % args.clients) for i in range(args.clients)]
         jobs = [(host, port, kind, n, args.tokens, args.seconds, args.warmup) for n in shares if n]
         cpu_before = _cpu_seconds(pid)

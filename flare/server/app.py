@@ -31,6 +31,7 @@ from ..frontend.parsers import served
 from ..request import GenerationDefaults
 from .admission import FrontendPool, HttpAdmission
 from .api.openai.errors import error_response as openai_error_response
+from .cors import OriginPolicy
 from .generation import log_request
 from .metrics import ServerMetrics
 from .protocol import HttpConnection, HttpRequest, ProtocolLimits
@@ -89,6 +90,7 @@ class ServerState:
         self.queue_capacity = config.queue_capacity or 4 * self.max_active
         self.admission = HttpAdmission(self.queue_capacity + self.max_active)
         self.frontend = FrontendPool(config.frontend_workers)
+        self.origins = OriginPolicy(tuple(config.allowed_origins))
         self.metrics = ServerMetrics(self)
         body_limit = config.max_body_bytes or BODY_BYTES_PER_TOKEN * engine.context_len + (1 << 20)
         self.limits = ProtocolLimits(max_header_bytes=config.max_header_bytes, max_url_bytes=config.max_url_bytes,
@@ -203,7 +205,21 @@ class Application:
 
     def on_request_head(self, request: HttpRequest) -> Response | None:
         route, tail, methods = self.router.resolve(request.method, request.path)
+        origin = request.origin
+        if origin is not None:  # a web page's request (server/cors.py)
+            origins = self.state.origins
+            if not origins.allows(origin):
+                errors = route.errors if route is not None else DEFAULT_ERRORS
+                text = origin.decode("latin-1")
+                self._log_refused(route.name if route is not None else None, 403, request.received_at,
+                                  "origin_not_allowed")
+                return self._count(errors(403, f"origin {text!r} is not allowed to call this server (allow it "
+                                               "with --allowed-origin)", code="origin_not_allowed"))
+            request.response_headers = origins.response_headers(origin)
         if route is None:
+            if methods and request.method == "OPTIONS":  # a preflight, or a client asking what a path takes
+                return self._count(self.state.origins.preflight(
+                    origin, request.header(b"access-control-request-headers"), methods))
             if methods:
                 response = DEFAULT_ERRORS(405, f"method {request.method} is not allowed on {request.path}",
                                           code="method_not_allowed",

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from ..config import GENERATION_CONFIGS, MAX_ACTIVE_LIMIT, SPECULATIVE_MODES, EngineConfig, ServerConfig
 from ..errors import Error
+from .cors import check_origin_pattern
 
 ENV_PREFIX = "FLARE_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -114,6 +115,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--served-name", dest="served_names", action="append", default=argparse.SUPPRESS,
                        metavar="NAME", help="a model name clients may use; repeatable; the first is the "
                                             "id in /v1/models (default: the checkpoint identifier)")
+    group.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=argparse.SUPPRESS,
+                       metavar="ORIGIN", help="a web page origin that may call the server besides the loopback "
+                                              "ones, e.g. https://chat.example.com, https://*.example.com or '*' "
+                                              "for any; repeatable (default: loopback origins only)")
     group.add_argument("--config", dest="config_path", default=argparse.SUPPRESS, metavar="PATH",
                        help=f"TOML file with ServerConfig fields (or {ENV_PREFIX}CONFIG)")
 
@@ -174,7 +179,7 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
 def _coerce(name: str, value: Any, where: str) -> Any:
     kind = _type_of(name)
     try:
-        if name == "served_names":
+        if name in ("served_names", "allowed_origins"):
             if isinstance(value, str):
                 return tuple(part.strip() for part in value.split(",") if part.strip())
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
@@ -204,8 +209,9 @@ def _coerce(name: str, value: Any, where: str) -> Any:
 def _build(values: dict[str, Any]) -> ServerConfig:
     engine_values = {k: v for k, v in values.items() if k in _ENGINE_FIELDS}
     server_values = {k: v for k, v in values.items() if k in _SERVER_FIELDS}
-    if "served_names" in server_values:
-        server_values["served_names"] = tuple(server_values["served_names"])
+    for name in ("served_names", "allowed_origins"):
+        if name in server_values:
+            server_values[name] = tuple(server_values[name])
     if server_values.get("api_key") == "":
         server_values["api_key"] = None
     config = ServerConfig(**server_values, engine=EngineConfig(**engine_values))
@@ -244,6 +250,7 @@ def _validate(config: ServerConfig) -> None:
         (config.shutdown_grace_s >= 0, "shutdown_grace_s must be non-negative"),
         (config.generation_config in GENERATION_CONFIGS,
          f"generation_config must be one of {', '.join(GENERATION_CONFIGS)}, got {config.generation_config!r}"),
+        *((check_origin_pattern(p) is None, check_origin_pattern(p)) for p in config.allowed_origins),
         _parser_check(config.tool_parser, "tool"),
         _parser_check(config.reasoning_parser, "reasoning"),
     )

@@ -77,7 +77,7 @@ class HttpRequest:
 
     __slots__ = ("method", "path", "query", "headers", "host", "body", "http_version", "keep_alive",
                  "content_length", "received_at", "early_response", "permit", "route", "params",
-                 "_url", "_body_parts", "_body_len")
+                 "origin", "response_headers", "_url", "_body_parts", "_body_len")
 
     def __init__(self, received_at: float):
         self.method = ""
@@ -85,6 +85,7 @@ class HttpRequest:
         self.query = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.host: bytes | None = None  # the Host field's value
+        self.origin: bytes | None = None  # the first Origin field's value (a web page's request)
         self.body = b""
         self.http_version = "1.1"
         self.keep_alive = True
@@ -94,6 +95,7 @@ class HttpRequest:
         self.permit: Any = None  # an admission permit (anything with release()), set by the app
         self.route: Any = None  # the app's resolved route
         self.params: dict[str, str] | None = None
+        self.response_headers: tuple[tuple[bytes, bytes], ...] = ()  # the app's, on every response (CORS)
         self._url = b""
         self._body_parts: list[bytes] = []
         self._body_len = 0
@@ -293,9 +295,12 @@ class HttpConnection(asyncio.Protocol):
         if self._in_head:  # else a trailer field (after a chunked body): counted, not kept
             name = name.lower()
             value = value.rstrip(b" \t")  # llhttp drops the whitespace before a value, not after it
+            request = self._current
             if name == b"host":
                 self._on_host(value)
-            self._current.headers.append((name, value))
+            elif name == b"origin" and request.origin is None:
+                request.origin = value
+            request.headers.append((name, value))
 
     def _on_host(self, value: bytes) -> None:
         request = self._current
@@ -449,14 +454,16 @@ class HttpConnection(asyncio.Protocol):
         request.release()
         # NOTE: the client may stop sending the body (it was refused) or go on; either way the
         # connection's framing is unknown from here, so it closes after a lingering read.
-        self.transport.write(request.early_response.encode(keep_alive=False, head_only=request.method == "HEAD"))
+        self.transport.write(request.early_response.encode(keep_alive=False, head_only=request.method == "HEAD",
+                                                           extra=request.response_headers))
         self._close_after_write(linger=True)
 
     def _write_response(self, request: HttpRequest, response: Response) -> None:
         if not self.is_open:
             return
         keep_alive = request.keep_alive and not response.close and not self.is_shutting_down
-        self.transport.write(response.encode(keep_alive=keep_alive, head_only=request.method == "HEAD"))
+        self.transport.write(response.encode(keep_alive=keep_alive, head_only=request.method == "HEAD",
+                                             extra=request.response_headers))
         if not keep_alive:
             self._close_after_write()
 
@@ -479,8 +486,8 @@ class HttpConnection(asyncio.Protocol):
         keep_alive = request.keep_alive and self._chunked and not self.is_shutting_down
         request.keep_alive = keep_alive
         if self.is_open:
-            self.transport.write(stream_head(status, content_type, headers, chunked=self._chunked,
-                                             keep_alive=keep_alive))
+            self.transport.write(stream_head(status, content_type, (*headers, *request.response_headers),
+                                             chunked=self._chunked, keep_alive=keep_alive))
 
     def write(self, data: bytes) -> None:
         """Write part of a streamed body (buffered by the transport)."""

@@ -71,11 +71,14 @@ class Response:
         body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         return cls(status, body, JSON, headers)
 
-    def encode(self, *, keep_alive: bool, head_only: bool = False) -> bytes:
-        """Serialize head and body; ``head_only`` for HEAD requests."""
-        parts = [status_line(self.status), SERVER_HEADER, date_header(),
-                 b"content-type: ", self.content_type, b"\r\ncontent-length: %d\r\n" % len(self.body)]
-        for name, value in self.headers:
+    def encode(self, *, keep_alive: bool, head_only: bool = False,
+               extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+        """Serialize head and body; ``head_only`` for HEAD requests; ``extra``: headers the
+        connection adds for this request (CORS)."""
+        parts = [status_line(self.status), SERVER_HEADER, date_header()]
+        if self.status != 204:  # RFC 9110 section 8.6: no content-length (nor body) in a 204
+            parts += [b"content-type: ", self.content_type, b"\r\ncontent-length: %d\r\n" % len(self.body)]
+        for name, value in (*self.headers, *extra):
             parts.append(name + b": " + value + b"\r\n")
         if not keep_alive:
             parts.append(b"connection: close\r\n")

@@ -85,7 +85,10 @@ class FloodEngine:
         self._thread.start()
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-                     options: Mapping[str, Any]) -> PreparedPrompt:
+                     options: Mapping[str, Any], chat_template: str | None = None) -> PreparedPrompt:
+        if chat_template is not None:
+            raise FrontendError("a request's own chat template needs a tokenizer, which the flood engine has none "
+                                "of", code="unsupported", param="chat_template")
         return byte_chat_prompt(messages, tools, options)
 
     def prepare_text(self, prompt: str | Sequence[int]) -> PreparedPrompt:

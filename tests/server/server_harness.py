@@ -106,7 +106,8 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
            served_names: tuple[str, ...] = (), tokens_per_s: float = 400.0, model_queue: int = 64,
            subprocess_mode: bool = False, context_hint: str = "", capacity_hint: str = "",
            max_body_bytes: int = 0, shutdown_grace_s: float | None = None, context_len: int = 4096,
-           request_timeout_s: float | None = None, extra_flags: tuple[str, ...] = ()) -> Served:
+           request_timeout_s: float | None = None, allowed_origins: tuple[str, ...] = (),
+           extra_flags: tuple[str, ...] = ()) -> Served:
     """Start a server of ``kind`` with these settings (``extra_flags``: more flare-serve flags, real kinds only)."""
     if extra_flags and kind == "fake":
         raise ValueError("extra_flags are flare-serve flags; the fake kind takes settings")
@@ -129,6 +130,8 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
         flags += ["--shutdown-grace", str(shutdown_grace_s)]
     if request_timeout_s is not None:
         flags += ["--request-timeout", str(request_timeout_s)]
+    for origin in allowed_origins:
+        flags += ["--allowed-origin", origin]
     if kind == "demo":
         return start_subprocess([*FLARE_SERVE, *flags], kind=kind, api_key=api_key)
     if kind == "core":
@@ -142,7 +145,7 @@ def launch(kind: str, *, api_key: str | None = None, queue_capacity: int = 0, ma
                                 kind=kind, api_key=api_key)
     config = ServerConfig(host="127.0.0.1", port=0, api_key=api_key, queue_capacity=queue_capacity,
                           served_names=served_names, context_hint=context_hint, capacity_hint=capacity_hint,
-                          max_body_bytes=max_body_bytes,
+                          max_body_bytes=max_body_bytes, allowed_origins=allowed_origins,
                           request_timeout_s=request_timeout_s or ServerConfig.request_timeout_s,
                           shutdown_grace_s=ServerConfig.shutdown_grace_s if shutdown_grace_s is None
                           else shutdown_grace_s,
