@@ -250,7 +250,7 @@ def _validate(config: ServerConfig) -> None:
         (config.shutdown_grace_s >= 0, "shutdown_grace_s must be non-negative"),
         (config.generation_config in GENERATION_CONFIGS,
          f"generation_config must be one of {', '.join(GENERATION_CONFIGS)}, got {config.generation_config!r}"),
-        *((check_origin_pattern(p) is None, check_origin_pattern(p)) for p in config.allowed_origins),
+        *((problem is None, problem) for problem in map(check_origin_pattern, config.allowed_origins)),
         _parser_check(config.tool_parser, "tool"),
         _parser_check(config.reasoning_parser, "reasoning"),
     )

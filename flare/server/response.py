@@ -78,7 +78,9 @@ class Response:
         parts = [status_line(self.status), SERVER_HEADER, date_header()]
         if self.status != 204:  # RFC 9110 section 8.6: no content-length (nor body) in a 204
             parts += [b"content-type: ", self.content_type, b"\r\ncontent-length: %d\r\n" % len(self.body)]
-        for name, value in (*self.headers, *extra):
+        for name, value in self.headers:
+            parts.append(name + b": " + value + b"\r\n")
+        for name, value in extra:
             parts.append(name + b": " + value + b"\r\n")
         if not keep_alive:
             parts.append(b"connection: close\r\n")
