@@ -70,7 +70,8 @@ SAMPLING_PRESENCE = 4
 SAMPLING_FREQUENCY = 5
 SAMPLING_REPETITION = 6  # 1 disables
 SAMPLING_GRAMMAR = 7  # 1: the slot's sampling applies its slot.grammar_mask row
-SAMPLING_COLUMNS = 8
+SAMPLING_LOGPROBS = 8  # 1: the request reads logprobs (out.logprobs, out.top_ids) of its tokens
+SAMPLING_COLUMNS = 9
 
 
 def mask_words(vocab_size: int) -> int:

@@ -331,6 +331,7 @@ def structured_runs(model, out: Path | None = None) -> None:
     decode_runs (same prompts' shape, same lengths, same run)."""
     from bench_grammar import SCHEMAS
 
+    from flare.contract import SAMPLING_COLUMNS, SAMPLING_GRAMMAR
     from flare.engine import runtime as runtime_module
     from flare.frontend.grammar import GrammarCompiler
     from flare.request import GrammarRequest
@@ -372,8 +373,8 @@ def structured_runs(model, out: Path | None = None) -> None:
                           dtype=torch.int32, device="cuda")
     for batch in (1, 64):
         for flag in (1.0, 0.0):
-            sampling = torch.zeros(s1, 8, device="cuda")
-            sampling[:, 7] = flag
+            sampling = torch.zeros(s1, SAMPLING_COLUMNS, device="cuda")
+            sampling[:, SAMPLING_GRAMMAR] = flag
             logits = torch.randn(batch, vocab, device="cuda")
             slots = torch.arange(1, batch + 1, device="cuda")
             programs.apply_grammar_masks(logits, sampling, masks, slots)

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_gpu import COPY_CEILING_BPS, SHAPES  # noqa: E402
 from bench_kernels import read_ceiling_gbs, replay_ms  # noqa: E402
 
+from flare.contract import SAMPLING_COLUMNS  # noqa: E402
 from flare.model import kernels  # noqa: E402
 from flare.model.attention import PAGE_TOKENS, AttentionBatch, KVCache, PackedBatch, PackedRows  # noqa: E402
 from flare.model.checkpoint import random_runtime_weights  # noqa: E402
@@ -76,7 +77,7 @@ class Step:
                                     page_table=table, kv_lens=torch.full((b,), cached, device=DEV))
         self.tokens = torch.randint(1000, 100000, (b, 1), device=DEV)
         slots = b + 1
-        self.sampling = torch.ones(slots, 8, device=DEV)
+        self.sampling = torch.ones(slots, SAMPLING_COLUMNS, device=DEV)
         self.sampling[:, 1:] = 0.0  # repetition 1, no presence or frequency penalty
         self.counts = torch.zeros(slots, spec.vocab_size, dtype=torch.int32, device=DEV)
         self.prompt_counts = torch.zeros_like(self.counts)
@@ -132,7 +133,7 @@ class MixedStep:
                                  decode=decode)
         self.sample_index = sample
         self.tokens = torch.randint(1000, 100000, (1, p + w), device=DEV)
-        self.sampling = torch.ones(n + 1, 8, device=DEV)
+        self.sampling = torch.ones(n + 1, SAMPLING_COLUMNS, device=DEV)
         self.sampling[:, 1:] = 0.0
         self.counts = torch.zeros(n + 1, spec.vocab_size, dtype=torch.int32, device=DEV)
         self.prompt_counts = torch.zeros_like(self.counts)

@@ -63,7 +63,7 @@ def use_kernels(programs: StepPrograms) -> None:
     one launch each (greedy: two for the outcome)."""
     from .decoder import cuda_ops
     from .kernels import slots
-    from .kernels.sampling import apply_grammar_masks, greedy_tokens, sample_tokens
+    from .kernels.sampling import apply_grammar_masks, greedy_tokens, sample_tokens, write_logprobs
 
     ops = cuda_ops()
     tp = programs.decoder.tensor_parallel
@@ -79,6 +79,9 @@ def use_kernels(programs: StepPrograms) -> None:
     programs.decode_inputs = partial(slots.decode_inputs, programs.buffers, context=contract.context,
                                      page_tokens=contract.page_tokens)
     programs.commit = partial(slots.commit_samples, programs.buffers, programs.output_counts, hidden=programs.hidden)
+    buffers = programs.buffers
+    programs.write_logprobs = partial(write_logprobs, sampling=buffers["slot.sampling"], frame=buffers["step.frame"],
+                                      out_logprobs=buffers["out.logprobs"], out_top_ids=buffers["out.top_ids"])
     programs.verification_inputs = partial(slots.verification_inputs, programs.buffers, context=contract.context,
                                            page_tokens=contract.page_tokens)
     programs.commit_verification = partial(slots.commit_verification, programs.buffers, programs.output_counts,

@@ -22,6 +22,7 @@ from ..contract import (
     SAMPLING_COLUMNS,
     SAMPLING_FREQUENCY,
     SAMPLING_GRAMMAR,
+    SAMPLING_LOGPROBS,
     SAMPLING_MIN_P,
     SAMPLING_PRESENCE,
     SAMPLING_REPETITION,
@@ -44,6 +45,7 @@ def sampling_row(params) -> np.ndarray:
     row[SAMPLING_FREQUENCY] = params.frequency_penalty
     row[SAMPLING_REPETITION] = params.repetition_penalty
     row[SAMPLING_GRAMMAR] = params.grammar is not None
+    row[SAMPLING_LOGPROBS] = bool(params.logprobs)
     return row
 
 

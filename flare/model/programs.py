@@ -35,7 +35,14 @@ from ..contract import (
 )
 from .attention import AttentionBatch, KVCache, PackedBatch, PackedRows
 from .decoder import Decoder
-from .sampling import apply_grammar_masks, greedy_tokens, philox_uniform, sampled_tokens, verify_drafts
+from .sampling import (
+    apply_grammar_masks,
+    greedy_tokens,
+    philox_uniform,
+    sampled_tokens,
+    token_logprobs,
+    verify_drafts,
+)
 
 # The acceptance test of a sampled draft draws from its own Philox stream (the request seed
 # with these bits flipped), so the sample stream stays the one plain decode draws from.
@@ -84,6 +91,7 @@ class StepPrograms:
         self.apply_grammar_masks = apply_grammar_masks  # (logits, sampling, masks, slots) -> None, in place
         self.decode_inputs = self._decode_inputs  # (slots) -> (tokens [B, 1], AttentionBatch)
         self.commit = self._commit  # (slots, token, do_sample, kind, positions=None, rows=None) -> None
+        self.write_logprobs = self._write_logprobs  # (logits, token, slots) -> None
         # a verification step's flat rows (CUDA) and its outcome's writes
         self.verification_inputs = self._verification_inputs  # (slots, w) -> (tokens [b * w, 1], AttentionBatch)
         self.commit_verification = self._commit_verification  # (slots, rows, w, *, logits | token + accepted)
@@ -198,23 +206,27 @@ class StepPrograms:
                                        do_sample, buf["slot.token"])
             self._commit_samples(slots, token, do_sample, kind, positions=positions, rows=rows)
             return
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
         token = self.sampled_tokens(logits, buf["slot.sampling"], self.output_counts, self.prompt_counts, slots,
                                     do_sample, buf["slot.token"], buf["slot.seed"], buf["slot.generated"])
-        self._commit_samples(slots, token, do_sample, kind, raw_logprobs, positions, rows)
+        self._commit_samples(slots, token, do_sample, kind, logits, positions, rows)
 
     def _commit_samples(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
-                        raw_logprobs: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                        logits: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                         rows: torch.Tensor | None = None) -> None:
-        """Store sampled tokens in the slot rows, count them for penalties, write outputs."""
+        """Store sampled tokens in the slot rows, count them for penalties, write outputs
+        (the logprobs too, from the masked, unpenalized ``logits``, when given)."""
         self.commit(slots, token, do_sample, kind, positions, rows)
-        if raw_logprobs is None:
-            return
-        k = self.contract.top_logprobs
-        top = raw_logprobs.topk(k, dim=-1)
-        self._write_frame("out.logprobs", slots,
-                          torch.cat([raw_logprobs.gather(1, token.view(-1, 1)), top.values], dim=1))
-        self._write_frame("out.top_ids", slots, top.indices)
+        if logits is not None:
+            self.write_logprobs(logits, token, slots)
+
+    def _write_logprobs(self, logits: torch.Tensor, token: torch.Tensor, slots: torch.Tensor) -> None:
+        """The rows' logprobs (log-softmax of ``logits``) into this step's frame: the chosen
+        token's, then the top ``contract.top_logprobs`` with their ids. The reference writes
+        every row; the kernel form only rows whose slot sets SAMPLING_LOGPROBS, which are the
+        only rows the host reads."""
+        values, ids = token_logprobs(logits, token, self.contract.top_logprobs)
+        self._write_frame("out.logprobs", slots, values)
+        self._write_frame("out.top_ids", slots, ids)
 
     def _commit(self, slots: torch.Tensor, token: torch.Tensor, do_sample: torch.Tensor, kind: GraphKind,
                 positions: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> None:

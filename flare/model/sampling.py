@@ -254,6 +254,16 @@ def sampled_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: 
     return torch.where(do_sample, token, slot_token[slots])
 
 
+def token_logprobs(logits: torch.Tensor, token: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs (the log-softmax of ``logits`` [B, V] float32) of each row's ``token`` and its
+    ``k`` most likely tokens -> (values [B, 1 + k]: the token's, then the top k in order; ids
+    [B, k] int64). CUDA graphs use :func:`flare.model.kernels.sampling.write_logprobs`, which
+    writes them into the step's frame for the rows that asked."""
+    raw = torch.log_softmax(logits, dim=-1)
+    top = raw.topk(k, dim=-1)
+    return torch.cat([raw.gather(1, token.view(-1, 1)), top.values], dim=1), top.indices
+
+
 def verify_drafts(logits: torch.Tensor, params: torch.Tensor, drafts: torch.Tensor, has_draft: torch.Tensor,
                   accept_uniform: torch.Tensor, sample_uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rejection sampling of deterministic drafts, one target position per row.

@@ -12,6 +12,7 @@ from tests.model.test_parity_tiny import (
     _make,
     _prompt,
     _reference,
+    logprobs_follow_the_logits,
     mixed_steps_match_transformers,
     resume_after_decode_steps,
 )
@@ -44,6 +45,12 @@ def test_greedy_tokens_match_transformers_for_64_steps(tiny_cuda):
 def test_resume_from_a_snapshot_taken_after_decode_steps(tiny_cuda):
     """The captured graphs: the decode commit kernel stores the hidden row a snapshot keeps."""
     resume_after_decode_steps(tiny_cuda[1])
+
+
+def test_captured_logprobs_follow_the_logits(tiny_cuda):
+    """The captured general decode graph writes the logprobs of the slot that asks (the
+    write_logprobs kernels), as the reference programs do."""
+    logprobs_follow_the_logits(tiny_cuda[1])
 
 
 def _check_cuda(model, prompt, tokens, logits) -> None:

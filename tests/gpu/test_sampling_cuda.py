@@ -1,4 +1,4 @@
-"""The sampling variant's token choice (three Triton launches) on the GPU: the torch
+"""The sampling variant's token choice (four Triton launches) and logprobs (two) on the GPU: the torch
 reference's tokens at the real vocabulary, and the filtered distribution over many draws.
 
 The interpreter tests (tests/kernels/interpreted/test_sampling.py) hold the kernel to the
@@ -105,3 +105,29 @@ def test_the_kernels_draws_follow_the_filtered_distribution():
     sigma = torch.sqrt(expected * (1 - expected) / n)
     worst = float(((counts / n - expected).abs() / sigma.clamp(min=1e-9))[expected > 0].max())
     assert worst < 5, f"a kept token's frequency is {worst:.1f} sigma from its probability"
+
+
+def test_the_logprobs_kernels_write_the_references_logprobs_at_the_real_vocabulary():
+    """At Llama 3's vocabulary and 20 top logprobs, compiled: the rows that ask get the
+    reference's ids (no ties in these logits) and its logprobs within float rounding of a
+    blocked log-sum-exp; a row that does not ask keeps its frame row."""
+    from flare.contract import FRAMES, SAMPLING_LOGPROBS
+    from flare.model.kernels.sampling import write_logprobs
+
+    vocab, b, k = 128256, 224, 20
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    sampling = _rows(b)
+    sampling[::3, SAMPLING_LOGPROBS] = 1.0
+    logits = torch.randn(b, vocab, device=DEV, generator=gen) * 4
+    token = torch.randint(0, vocab, (b,), device=DEV, generator=gen)
+    rows = torch.arange(b, device=DEV)
+    out_lp = torch.full((FRAMES, b, 1 + k), 7.0, device=DEV)
+    out_ids = torch.full((FRAMES, b, k), -1, dtype=torch.int64, device=DEV)
+    frame = torch.tensor([1], device=DEV)
+    write_logprobs(logits, token, rows, sampling=sampling, frame=frame, out_logprobs=out_lp, out_top_ids=out_ids)
+    values, ids = reference.token_logprobs(logits, token, k)
+    asked = sampling[:, SAMPLING_LOGPROBS] > 0
+    assert torch.equal(out_ids[1][asked], ids[asked])
+    torch.testing.assert_close(out_lp[1][asked], values[asked], rtol=0, atol=1e-4)
+    assert torch.all(out_lp[1][~asked] == 7.0) and torch.all(out_ids[1][~asked] == -1)
+    assert torch.all(out_lp[0] == 7.0) and torch.all(out_ids[2] == -1)

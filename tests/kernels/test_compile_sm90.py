@@ -281,21 +281,27 @@ def test_attention_kernels_compile_for_sm90(launches):
 
 
 def test_token_choice_kernels_compile_for_sm90(launches):
-    from flare.contract import SAMPLING_COLUMNS
-    from flare.model.kernels.sampling import greedy_tokens, sample_tokens
+    from flare.contract import FRAMES, SAMPLING_COLUMNS
+    from flare.model.kernels.sampling import greedy_tokens, sample_tokens, write_logprobs
+    from flare.request import MAX_TOP_LOGPROBS
 
     slots = 65
     counts = torch.zeros(slots, 128256, dtype=torch.int32)
     seeds = torch.zeros(slots, dtype=torch.int64)
+    frames = dict(frame=torch.zeros(1, dtype=torch.int64),
+                  out_logprobs=torch.zeros(FRAMES, slots, 1 + MAX_TOP_LOGPROBS),
+                  out_top_ids=torch.zeros(FRAMES, slots, MAX_TOP_LOGPROBS, dtype=torch.int64))
     for b in (1, 64):
         args = (torch.randn(b, 128256), torch.ones(slots, SAMPLING_COLUMNS), counts, counts.clone(), torch.arange(b),
                 torch.ones(b, dtype=torch.bool), torch.zeros(slots, dtype=torch.int64))
         greedy_tokens(*args)
         sample_tokens(*args, seeds, seeds.clone())
+        write_logprobs(args[0], args[6][:b], args[4], sampling=args[1], **frames)
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
     assert {"_penalized_block_max_kernel", "_pick_kernel", "_sample_stats_kernel", "_first_draw_kernel",
-            "_first_counts_kernel", "_rounds_kernel"} <= set(names), names
+            "_first_counts_kernel", "_rounds_kernel", "_logprob_blocks_kernel", "_logprob_rows_kernel"} <= set(names), \
+        names
     for name in ("_penalized_block_max_kernel", "_sample_stats_kernel", "_first_draw_kernel",
                  "_first_counts_kernel", "_rounds_kernel"):
         assert all("div.rn.f32" in text and "fma.rn.f32" not in text for text in ptx[name]), \

@@ -269,6 +269,38 @@ def resume_after_decode_steps(h: Harness) -> None:
     assert both[3] == both[1]
 
 
+def logprobs_follow_the_logits(h: Harness) -> None:
+    """A slot that asks for logprobs reads, at each decode step, its token's logprob and the
+    top logprobs of the logits it drew from (the reference's, within float32 rounding of
+    another log-sum-exp order); a greedy request that asks runs the general graph."""
+    from flare.model.sampling import token_logprobs
+    from flare.request import SamplingParams
+
+    asks = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=5)
+    h.admit(1, generation=70, params=asks)
+    h.admit(2, generation=71)
+    tokens = {s: h.prefill(s, _prompt(s + 80, 30), 0, [30]) for s in (1, 2)}
+    k = h.contract.top_logprobs
+    for _ in range(4):
+        for s in tokens:
+            h.alloc_pages(s, h.position(s) + 2)
+        h.inputs.set_rows(list(tokens), 2)
+        done = h.run(GraphKind.DECODE, 2)
+        logits = h.logits(1)
+        token = int(done.records[1, REC_TOKEN0])
+        assert token == int(logits.argmax())
+        values, ids = token_logprobs(logits[None], torch.tensor([token]), k)
+        assert done.top_ids[1].tolist() == ids[0].tolist()
+        np.testing.assert_allclose(done.logprobs[1], values[0].numpy(), rtol=0, atol=1e-4)
+        tokens = {s: int(done.records[s, REC_TOKEN0]) for s in tokens}
+
+
+def test_logprobs_follow_the_logits(tiny):
+    """The reference programs' logprobs (see logprobs_follow_the_logits; tests/gpu runs it on
+    the captured graphs and their kernels)."""
+    logprobs_follow_the_logits(tiny[1])
+
+
 def test_snapshot_after_decode_steps_resumes(tiny):
     """The decode program keeps the hidden row a snapshot saves (see resume_after_decode_steps)."""
     resume_after_decode_steps(tiny[1])

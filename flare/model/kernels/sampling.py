@@ -35,6 +35,7 @@ import triton.language as tl
 from ...contract import (
     SAMPLING_FREQUENCY,
     SAMPLING_GRAMMAR,
+    SAMPLING_LOGPROBS,
     SAMPLING_MIN_P,
     SAMPLING_PRESENCE,
     SAMPLING_REPETITION,
@@ -536,4 +537,132 @@ def sample_tokens(logits: torch.Tensor, sampling: torch.Tensor, output_counts: t
 
 _MASK_BLOCK = 4096
 
-__all__ = ["apply_grammar_masks", "block_maxima", "greedy_tokens", "sample_tokens"]
+
+# Top logprobs: a logit and its token id as one int64 key, ordered as the logits are and, among
+# equal logits, the lower id first, so one max reduction picks the next candidate and keys are
+# never equal. The high word is the float's bits with a negative float's magnitude bits
+# flipped (an order-preserving int32), the low word 2^31 - 1 - id.
+@triton.jit
+def _logit_keys(x, cols):
+    bits = x.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return ordered.to(tl.int64) * 4294967296 + (2147483647 - cols).to(tl.int64)
+
+
+@triton.jit
+def _no_key():
+    # Below every key of a real logit (the least is a NaN's with every magnitude bit set).
+    return tl.full((), -2147483648, tl.int64) * 4294967296
+
+
+@triton.jit
+def _logprob_blocks_kernel(
+    logits_ptr, sampling_ptr, slots_ptr, part_max_ptr, part_sum_ptr, part_key_ptr, vocab, num_blocks, s_logits,
+    s_sampling, LOGPROBS: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    # Per (row, block) of a row whose slot wants logprobs: the block's largest logit, its sum of
+    # exponentials below that, and its K best keys in order. Other rows' programs read one flag.
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    if tl.load(sampling_ptr + slot * s_sampling + LOGPROBS) == 0:
+        return
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < vocab
+    x = tl.load(logits_ptr + row.to(tl.int64) * s_logits + cols, mask=ok, other=float("-inf"))
+    top = tl.max(x, axis=0)
+    at = row * num_blocks + block
+    tl.store(part_max_ptr + at, top)
+    tl.store(part_sum_ptr + at, tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), axis=0))
+    none = _no_key()
+    keys = tl.where(ok, _logit_keys(x, cols), none)
+    for k in tl.static_range(K):
+        best = tl.max(keys, axis=0)
+        tl.store(part_key_ptr + at * K + k, best)
+        keys = tl.where(keys == best, none, keys)
+
+
+@triton.jit
+def _logprob_rows_kernel(
+    logits_ptr, sampling_ptr, slots_ptr, token_ptr, frame_ptr, part_max_ptr, part_sum_ptr, part_key_ptr,
+    out_lp_ptr, out_ids_ptr, num_blocks, s_logits, s_sampling, s_lp_frame, s_lp_slot, s_ids_frame, s_ids_slot,
+    LOGPROBS: tl.constexpr, K: tl.constexpr, BLOCKS: tl.constexpr, CANDIDATES: tl.constexpr, PDL: tl.constexpr,
+):
+    # One program a row: the log-sum-exp from the blocks' pairs, the K best of the blocks'
+    # candidates, and the row's logprobs written into this step's frame at its slot.
+    wait_for_inputs(PDL)
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    if tl.load(sampling_ptr + slot * s_sampling + LOGPROBS) == 0:
+        return
+    blocks = tl.arange(0, BLOCKS)
+    in_row = blocks < num_blocks
+    tops = tl.load(part_max_ptr + row * num_blocks + blocks, mask=in_row, other=float("-inf"))
+    sums = tl.load(part_sum_ptr + row * num_blocks + blocks, mask=in_row, other=0.0)
+    top = tl.max(tops, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    lse = top + tl.log(tl.sum(sums * tl.exp(tops - top), axis=0))
+    frame = tl.load(frame_ptr)
+    lp_row = out_lp_ptr + frame * s_lp_frame + slot * s_lp_slot
+    ids_row = out_ids_ptr + frame * s_ids_frame + slot * s_ids_slot
+    token = tl.load(token_ptr + row)
+    tl.store(lp_row, tl.load(logits_ptr + row.to(tl.int64) * s_logits + token) - lse)
+    offs = tl.arange(0, CANDIDATES)
+    none = _no_key()
+    keys = tl.load(part_key_ptr + row * num_blocks * K + offs, mask=offs < num_blocks * K, other=none)
+    for k in tl.static_range(K):
+        best = tl.max(keys, axis=0)
+        keys = tl.where(keys == best, none, keys)
+        high = best >> 32
+        bits = tl.where(high < 0, high ^ 0x7FFFFFFF, high).to(tl.int32)
+        tl.store(lp_row + 1 + k, bits.to(tl.float32, bitcast=True) - lse)
+        tl.store(ids_row + k, 2147483647 - (best & 0xFFFFFFFF))
+
+
+_LOGPROB_BLOCK = 2048
+
+
+def write_logprobs(logits: torch.Tensor, token: torch.Tensor, slots: torch.Tensor, *, sampling: torch.Tensor,
+                   frame: torch.Tensor, out_logprobs: torch.Tensor, out_top_ids: torch.Tensor) -> None:
+    """:func:`flare.model.sampling.token_logprobs` written into the step's frame (``frame``
+    names it) at each row's slot, in two launches, for the rows whose slot sets
+    ``SAMPLING_LOGPROBS``: the chosen token's logprob and the K best (K =
+    ``out_top_ids.shape[2]``; equal logits: the lower id first). Other rows' frame rows are
+    left as they were (their requests never read them); their programs read one flag each."""
+    kernel = "write_logprobs"
+    b, vocab = logits.shape
+    k = out_top_ids.shape[-1]
+    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
+            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
+    require(sampling.dtype == torch.float32 and sampling.stride(1) == 1, kernel, "sampling must be float32 rows")
+    require(slots.shape == (b,) and token.shape == (b,) and token.dtype == torch.int64, kernel,
+            f"slots and token must be [{b}], token int64")
+    require(frame.shape == (1,) and frame.dtype == torch.int64, kernel, "frame must be int64 [1]")
+    require(out_logprobs.dim() == out_top_ids.dim() == 3 and out_logprobs.shape[:2] == out_top_ids.shape[:2]
+            and out_logprobs.shape[2] == 1 + k and out_logprobs.dtype == torch.float32
+            and out_top_ids.dtype == torch.int64 and out_logprobs.stride(2) == out_top_ids.stride(2) == 1, kernel,
+            "out_logprobs must be float32 [frames, slots, 1 + K] and out_top_ids int64 [frames, slots, K]")
+    require(1 <= k <= vocab, kernel, f"K must be 1..{vocab}, got {k}")
+    require_same_device(kernel, logits=logits, token=token, slots=slots, sampling=sampling, frame=frame,
+                        out_logprobs=out_logprobs, out_top_ids=out_top_ids)
+    num_blocks = triton.cdiv(vocab, _LOGPROB_BLOCK)
+    pdl = pdl_level(logits)
+    dev = logits.device
+    part_max = torch.empty((b, num_blocks), dtype=torch.float32, device=dev)
+    part_sum = torch.empty((b, num_blocks), dtype=torch.float32, device=dev)
+    part_key = torch.empty((b, num_blocks, k), dtype=torch.int64, device=dev)
+    _logprob_blocks_kernel[(b, num_blocks)](
+        logits, sampling, slots, part_max, part_sum, part_key, vocab, num_blocks, logits.stride(0),
+        sampling.stride(0), LOGPROBS=SAMPLING_LOGPROBS, K=k, BLOCK=_LOGPROB_BLOCK, PDL=pdl, num_warps=4,
+        **pdl_options(pdl),
+    )
+    _logprob_rows_kernel[(b,)](
+        logits, sampling, slots, token, frame, part_max, part_sum, part_key, out_logprobs, out_top_ids, num_blocks,
+        logits.stride(0), sampling.stride(0), out_logprobs.stride(0), out_logprobs.stride(1), out_top_ids.stride(0),
+        out_top_ids.stride(1), LOGPROBS=SAMPLING_LOGPROBS, K=k, BLOCKS=next_power_of_2(num_blocks),
+        CANDIDATES=next_power_of_2(num_blocks * k), PDL=pdl, num_warps=4, **pdl_options(pdl),
+    )
+
+
+__all__ = ["apply_grammar_masks", "block_maxima", "greedy_tokens", "sample_tokens", "write_logprobs"]

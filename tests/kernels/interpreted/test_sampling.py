@@ -188,3 +188,78 @@ def test_sample_tokens_refuse_bad_rng_state():
             torch.zeros(slots, dtype=torch.int64)]
     with pytest.raises(KernelInputError, match="int64"):
         sample_tokens(*args)
+
+
+def _logprob_frames(slots: int, k: int):
+    from flare.contract import FRAMES
+
+    return (torch.full((FRAMES, slots, 1 + k), 7.0), torch.full((FRAMES, slots, k), -1, dtype=torch.int64),
+            torch.tensor([2]))
+
+
+def test_logprobs_match_the_reference_for_the_rows_that_ask():
+    """Rows whose slot asks for logprobs get the reference's token and top-k logprobs in the
+    step's frame at their slot (ids exact: the logits have no ties); a row whose slot does not
+    ask leaves its frame row untouched, and the other frames are never written."""
+    from flare.contract import SAMPLING_LOGPROBS
+    from flare.model.kernels.sampling import write_logprobs
+
+    k, slots = 5, 6
+    gen = torch.Generator().manual_seed(3)
+    sampling = torch.zeros(slots, SAMPLING_COLUMNS)
+    sampling[[2, 4, 5], SAMPLING_LOGPROBS] = 1.0
+    rows = torch.tensor([4, 0, 2, 5])
+    logits = torch.randn(4, VOCAB, generator=gen) * 3
+    logits[3, :4000] = float("-inf")  # slot 5: a grammar-masked row with 1,000 tokens left
+    logits[3, 4999] = 20.0  # its best token in the last, partial block
+    token = torch.tensor([17, 5, 4321, 4500])
+    out_lp, out_ids, frame = _logprob_frames(slots, k)
+    write_logprobs(logits, token, rows, sampling=sampling, frame=frame, out_logprobs=out_lp, out_top_ids=out_ids)
+    values, ids = reference.token_logprobs(logits, token, k)
+    for row, slot in enumerate(rows.tolist()):
+        if slot == 0:
+            assert torch.all(out_lp[2, slot] == 7.0) and torch.all(out_ids[2, slot] == -1), "slot 0 did not ask"
+            continue
+        assert torch.equal(out_ids[2, slot], ids[row]), f"row {row}: ids {out_ids[2, slot]} != {ids[row]}"
+        torch.testing.assert_close(out_lp[2, slot], values[row], rtol=0, atol=2e-6)
+    assert int(out_ids[2, 5, 0]) == 4999
+    untouched = torch.ones(out_lp.shape[0], dtype=torch.bool)
+    untouched[2] = False
+    assert torch.all(out_lp[untouched] == 7.0) and torch.all(out_ids[untouched] == -1)
+
+
+def test_logprobs_break_ties_to_the_lowest_id_and_list_each_token_once():
+    """Equal logits across and within blocks come lowest id first; with fewer finite logits
+    than k, the rest are distinct masked tokens at -inf (the host leaves those out)."""
+    from flare.contract import SAMPLING_LOGPROBS
+    from flare.model.kernels.sampling import write_logprobs
+
+    k = 6
+    sampling = torch.zeros(2, SAMPLING_COLUMNS)
+    sampling[:, SAMPLING_LOGPROBS] = 1.0
+    logits = torch.zeros(2, VOCAB)
+    logits[0, [4500, 2100, 3000, 9]] = 5.0
+    logits[1] = float("-inf")
+    logits[1, [3, 2049]] = torch.tensor([1.0, 2.0])
+    out_lp, out_ids, frame = _logprob_frames(2, k)
+    write_logprobs(logits, torch.tensor([0, 3]), torch.tensor([0, 1]), sampling=sampling, frame=frame,
+                   out_logprobs=out_lp, out_top_ids=out_ids)
+    assert out_ids[2, 0].tolist() == [9, 2100, 3000, 4500, 0, 1]
+    lse = torch.logsumexp(logits[0], 0)
+    torch.testing.assert_close(out_lp[2, 0, 1:5], (5.0 - lse).repeat(4), rtol=0, atol=2e-6)
+    assert out_ids[2, 1, :2].tolist() == [2049, 3]
+    assert len(set(out_ids[2, 1].tolist())) == k
+    assert torch.all(torch.isinf(out_lp[2, 1, 3:])) and torch.all(torch.isfinite(out_lp[2, 1, :3]))
+
+
+def test_logprobs_refuse_bad_frames():
+    from flare.model.kernels.sampling import write_logprobs
+
+    sampling = torch.zeros(2, SAMPLING_COLUMNS)
+    out_lp, out_ids, frame = _logprob_frames(2, 4)
+    with pytest.raises(KernelInputError, match="write_logprobs: out_logprobs must be float32"):
+        write_logprobs(torch.zeros(2, VOCAB), torch.zeros(2, dtype=torch.int64), torch.arange(2), sampling=sampling,
+                       frame=frame, out_logprobs=out_lp[:, :, :4], out_top_ids=out_ids)
+    with pytest.raises(KernelInputError, match="write_logprobs: frame must be int64"):
+        write_logprobs(torch.zeros(2, VOCAB), torch.zeros(2, dtype=torch.int64), torch.arange(2), sampling=sampling,
+                       frame=frame.to(torch.int32), out_logprobs=out_lp, out_top_ids=out_ids)
