@@ -153,9 +153,9 @@ async def post_json(host: str, port: int, path: str, payload: dict, headers: str
 
 
 def stream_body(args, max_tokens: int, **inputs) -> bytes:
-    """A streaming greedy request body generating exactly max_tokens: ``prompt=`` (token IDs,
-    /v1/completions) or ``messages=`` (/v1/chat/completions)."""
-    return json.dumps({"model": args.model, **inputs, "max_tokens": max_tokens, "temperature": 0,
+    """A streaming request body generating exactly max_tokens at --temperature (greedy by
+    default): ``prompt=`` (token IDs, /v1/completions) or ``messages=`` (/v1/chat/completions)."""
+    return json.dumps({"model": args.model, **inputs, "max_tokens": max_tokens, "temperature": args.temperature,
                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
 
 
@@ -274,6 +274,8 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=128000, help="prompt token IDs are drawn below this")
     parser.add_argument("--vocab-low", type=int, default=1000, help="and at or above this (skips specials)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every request's temperature (0: greedy, the decode graphs' greedy variant)")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     print(f"{result['requests']} requests ({result['failed']} failed) in {result['wall_s']} s: "
