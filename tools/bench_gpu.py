@@ -638,10 +638,11 @@ SUITE = {  # issue 23's workloads: (requests, concurrency, bench_serving.py argu
                       "--max-output", "1000", "--seed", "4")),
     "d": (256, 64, ("--workload", "chat", "--system-len", "2000", "--input-len", "100", "--output-len", "128",
                     "--turns", "4", "--seed", "5")),
-    # (a) and (b) at temperature 1: the decode cohorts run the sampling variant's graphs
-    "a_t1": (256, 64, ("--workload", "fixed", "--input-len", "1024", "--output-len", "256", "--seed", "2",
+    # (a) and (b) at temperature 1: the decode cohorts run the sampling variant's graphs (prompts
+    # of their own: with (a)'s, the prefix cache would hold every prompt of a run after (a))
+    "a_t1": (256, 64, ("--workload", "fixed", "--input-len", "1024", "--output-len", "256", "--seed", "6",
                        "--temperature", "1.0")),
-    "b_t1": (256, 256, ("--workload", "fixed", "--input-len", "1024", "--output-len", "256", "--seed", "3",
+    "b_t1": (256, 256, ("--workload", "fixed", "--input-len", "1024", "--output-len", "256", "--seed", "7",
                         "--temperature", "1.0")),
 }
 
