@@ -23,7 +23,7 @@ INTERPRETED = ROOT / "tests" / "kernels" / "interpreted"
 # Seconds each file took alone on the 2-core development machine (2026-12-03), to balance
 # the processes; a file not listed counts UNKNOWN_S. Every file runs whatever its weight.
 SECONDS = {"test_attention.py": 93, "test_gemv_norm.py": 68, "test_decoder_ops.py": 41, "test_gemv_split.py": 30,
-           "test_gemv.py": 15, "test_elementwise.py": 12, "test_sampling.py": 7, "test_slots.py": 7}
+           "test_gemv.py": 15, "test_elementwise.py": 12, "test_sampling.py": 12, "test_slots.py": 7}
 UNKNOWN_S = 20
 MAX_PROCESSES = 2
 
