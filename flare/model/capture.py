@@ -57,10 +57,11 @@ def _size(graph) -> tuple[int, int]:
 
 def use_kernels(programs: StepPrograms) -> None:
     """Switch the decoder to the Triton kernels (attention, fused elementwise, small-batch GEMV),
-    the greedy and sampling variants to their two- and three-launch token choices,
-    structured-output masking to one launch, a decode step's slot reads and every sampling
-    program's slot writes to one launch each, and a verification step's inputs and outcome to
-    one launch each (greedy: two for the outcome)."""
+    the greedy and sampling variants to their two- and four-launch token choices, the sampling
+    variant's logprobs to two launches (only the rows that ask are computed), structured-output
+    masking to one launch, a decode step's slot reads and every sampling program's slot writes
+    to one launch each, and a verification step's inputs and outcome to one launch each
+    (greedy: two for the outcome)."""
     from .decoder import cuda_ops
     from .kernels import slots
     from .kernels.sampling import apply_grammar_masks, greedy_tokens, sample_tokens, write_logprobs
