@@ -65,6 +65,8 @@ HEARTBEAT_S = 0.5  # every rank's reporting thread says it is alive this often
 RANK_SILENT_S = 3.0  # no message (report or heartbeat) for this long: the rank stopped answering
 FAILED_CLOSE_S = 0.5  # after a failure: how long ranks get to exit before they are killed
 FAILED_JOIN_S = 2.0  # then how long rank 0's own executor gets to leave its broken collective
+ABORT_JOIN_S = 1.0  # abort: how long a killed rank's reader gets to see the hang-up before its connection closes
+HANG_UP_JOIN_S = 2.0  # then, after rank 0 hangs up itself, how long the reader gets to end
 RANK_GONE_WAIT_S = 1.0  # after a failed collective: how long to look for the rank that caused it
 STARTUP_TIMEOUT_S = 600.0  # every rank must have loaded its shard by then
 # Submissions in flight across the ranks: two, as before the single-rank window grew to four
@@ -129,6 +131,19 @@ def plan_from_environment(world: int, environ=os.environ) -> RankPlan | None:
 # -- rank 0 ----------------------------------------------------------------------
 
 
+def _hang_up(conn: Connection) -> None:
+    """Shut the connection's socket down both ways, so that a recv() blocked on it returns EOF."""
+    try:
+        fd = os.dup(conn.fileno())
+    except (OSError, ValueError):
+        return  # already closed
+    with socket.socket(fileno=fd) as sock:  # owns the duplicate only; shutdown acts on the socket
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the peer is gone already
+
+
 class _Link:
     """Rank 0's end of one other rank's control connection, with a reader thread."""
 
@@ -152,7 +167,9 @@ class _Link:
             while True:
                 try:
                     message = self.conn.recv()
-                except (EOFError, OSError):
+                except (EOFError, OSError, TypeError):
+                    # TypeError: the connection was closed between recv's check and its read (its
+                    # handle cleared); close() hangs the socket up and waits for this thread first
                     self._fail(self._gone("its connection closed"), on_failure)
                     return
                 self.last_seen = time.monotonic()
@@ -164,6 +181,19 @@ class _Link:
 
         self._reader = threading.Thread(target=read, name=f"flare-rank{self.rank}-reader", daemon=True)
         self._reader.start()
+
+    def close(self, wait_s: float) -> None:
+        """Close the connection after the reader has ended: it ends when the rank hangs up, and a
+        rank still connected after ``wait_s`` is hung up on. Closing the descriptor alone would
+        not wake a reader blocked in recv() (and the number could be reused under it); closing it
+        between recv's check and its read raised a TypeError in the reader's thread."""
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(wait_s)
+            if reader.is_alive():
+                _hang_up(self.conn)
+                reader.join(HANG_UP_JOIN_S)
+        self.conn.close()
 
     def _gone(self, how: str) -> ExecutionError:
         code = self.process.poll() if self.process is not None else None
@@ -354,7 +384,7 @@ class TensorParallelExecutor(FenceTimeline):
                 except subprocess.TimeoutExpired:
                     log.warning("tensor-parallel rank %d did not exit; killing it", link.rank)
                     link.process.kill()
-            link.conn.close()
+            link.close(max(0.1, deadline - time.monotonic()))
         if failed:
             # the killed ranks' closed sockets end rank 0's own collective: let that thread finish,
             # so the group's threads are joined before the process exits (else C++ aborts the exit)
@@ -418,7 +448,7 @@ class RankGroup:
         for link in self.links:
             if link.process is not None and link.process.poll() is None:
                 link.process.kill()
-            link.conn.close()
+            link.close(ABORT_JOIN_S)
 
 
 def start_ranks(world: int, core_path: str, config, *, host: str = "127.0.0.1",

@@ -41,3 +41,39 @@ def test_a_slow_shard_load_is_not_silence_but_a_silent_rank_fails():
     finally:
         theirs.close()
         ours.close()
+
+
+def _reader_link():
+    ours, theirs = Pipe()
+    link = _Link(1, ours, None)
+    failures = []
+    link.start_reader(failures.append)
+    return link, theirs, failures
+
+
+def test_closing_a_link_waits_for_the_rank_to_hang_up():
+    """close() lets the reader see the rank's hang-up (EOF) before it closes the connection: a
+    connection closed under a reader blocked in recv() failed that recv with a TypeError in the
+    reader's thread (CI, an unhandled thread exception)."""
+    link, theirs, failures = _reader_link()
+    theirs.send(("alive",))
+    theirs.close()  # the rank exits after its last heartbeat
+    link.close(5.0)
+    assert not link._reader.is_alive()
+    assert link.conn.closed
+    assert len(failures) == 1 and "connection closed" in str(failures[0])
+
+
+def test_a_rank_that_never_hangs_up_is_hung_up_on():
+    """A rank that keeps its end open past the wait: rank 0 shuts the socket down, so the reader
+    blocked in recv() sees EOF and ends before the connection is closed (closing the descriptor
+    alone leaves the reader blocked, reading whatever file later takes its number)."""
+    link, theirs, failures = _reader_link()
+    try:
+        link.close(0.05)
+        assert not link._reader.is_alive()
+        assert link.conn.closed
+        assert len(failures) == 1 and "connection closed" in str(failures[0])
+        assert theirs.poll(1.0)  # and the rank sees rank 0 hang up
+    finally:
+        theirs.close()
