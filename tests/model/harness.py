@@ -154,13 +154,17 @@ class Harness:
         sampling = [*decode_slots, *(s for s, (_, sample) in prefill.items() if sample)]
         return {s: int(done.records[s, REC_TOKEN0]) for s in sampling}
 
-    def decode(self, slots: list[int]) -> dict[int, int]:
+    def decode_step(self, slots: list[int]):
+        """One DECODE step of ``slots`` in the smallest graph that holds them -> its completion."""
         cap = next(b for b in self.contract.batch_capacities if b >= len(slots))
         for s in slots:
             consumed = self.position(s)
             self.alloc_pages(s, consumed + 2)
         self.inputs.set_rows(slots, cap)
-        done = self.run(GraphKind.DECODE, cap)
+        return self.run(GraphKind.DECODE, cap)
+
+    def decode(self, slots: list[int]) -> dict[int, int]:
+        done = self.decode_step(slots)
         return {s: int(done.records[s, REC_TOKEN0]) for s in slots}
 
     def decode_steps(self, tokens: dict[int, list[int]], logits: dict[int, list[torch.Tensor]], steps: int) -> None:

@@ -279,20 +279,17 @@ def logprobs_follow_the_logits(h: Harness) -> None:
     asks = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=5)
     h.admit(1, generation=70, params=asks)
     h.admit(2, generation=71)
-    tokens = {s: h.prefill(s, _prompt(s + 80, 30), 0, [30]) for s in (1, 2)}
+    for s in (1, 2):
+        h.prefill(s, _prompt(s + 80, 30), 0, [30])
     k = h.contract.top_logprobs
     for _ in range(4):
-        for s in tokens:
-            h.alloc_pages(s, h.position(s) + 2)
-        h.inputs.set_rows(list(tokens), 2)
-        done = h.run(GraphKind.DECODE, 2)
+        done = h.decode_step([1, 2])
         logits = h.logits(1)
         token = int(done.records[1, REC_TOKEN0])
         assert token == int(logits.argmax())
         values, ids = token_logprobs(logits[None], torch.tensor([token]), k)
         assert done.top_ids[1].tolist() == ids[0].tolist()
         np.testing.assert_allclose(done.logprobs[1], values[0].numpy(), rtol=0, atol=1e-4)
-        tokens = {s: int(done.records[s, REC_TOKEN0]) for s in tokens}
 
 
 def test_logprobs_follow_the_logits(tiny):

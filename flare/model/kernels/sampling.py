@@ -107,14 +107,22 @@ def _block_max_kernel(logits_ptr, part_val_ptr, part_idx_ptr, vocab, num_blocks,
     tl.store(part_idx_ptr + row * num_blocks + block, block * BLOCK + tl.argmax(logits, axis=0, tie_break_left=True))
 
 
+def _require_logits(kernel: str, logits: torch.Tensor) -> None:
+    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
+            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
+
+
+def _require_sampling(kernel: str, sampling: torch.Tensor) -> None:
+    require(sampling.dtype == torch.float32 and sampling.stride(1) == 1, kernel, "sampling must be float32 rows")
+
+
 def block_maxima(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's maximum logit per vocabulary block of _BLOCK and the block's first index of it,
     in one launch -> (values [B, blocks] float32, indices [B, blocks] int32). The first block
     holding a row's maximum holds its ``argmax`` (ties to the lowest id)."""
     kernel = "block_maxima"
     b, vocab = logits.shape
-    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
-            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
+    _require_logits(kernel, logits)
     num_blocks = triton.cdiv(vocab, _BLOCK)
     pdl = pdl_level(logits)
     part_val = torch.empty((b, num_blocks), dtype=torch.float32, device=logits.device)
@@ -145,13 +153,12 @@ def _check_token_inputs(kernel: str, logits: torch.Tensor, sampling: torch.Tenso
                         prompt_counts: torch.Tensor, slots: torch.Tensor, do_sample: torch.Tensor,
                         slot_token: torch.Tensor) -> None:
     b, vocab = logits.shape
-    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
-            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
+    _require_logits(kernel, logits)
     require(output_counts.shape == prompt_counts.shape and output_counts.shape[1] == vocab
             and output_counts.dtype == prompt_counts.dtype == torch.int32
             and output_counts.stride() == prompt_counts.stride() and output_counts.stride(1) == 1, kernel,
             f"counts must be int32 [slots, {vocab}] with the same contiguous rows")
-    require(sampling.dtype == torch.float32 and sampling.stride(1) == 1, kernel, "sampling must be float32 rows")
+    _require_sampling(kernel, sampling)
     require(slots.shape == (b,) and do_sample.shape == (b,) and slot_token.dtype == torch.int64, kernel,
             f"slots and do_sample must be [{b}], slot_token int64")
     require_same_device(kernel, logits=logits, sampling=sampling, output_counts=output_counts,
@@ -208,11 +215,10 @@ def apply_grammar_masks(logits: torch.Tensor, sampling: torch.Tensor, masks: tor
     forbidden logits of constrained rows; an unconstrained row's programs read one flag."""
     kernel = "apply_grammar_masks"
     b, vocab = logits.shape
-    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
-            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
+    _require_logits(kernel, logits)
     require(masks.dtype == torch.int32 and masks.stride(1) == 1 and masks.shape[1] * 32 >= vocab, kernel,
             f"masks must be int32 [slots, >= {-(-vocab // 32)}] with contiguous rows")
-    require(sampling.dtype == torch.float32 and sampling.stride(1) == 1, kernel, "sampling must be float32 rows")
+    _require_sampling(kernel, sampling)
     require(slots.shape == (b,), kernel, f"slots must be [{b}]")
     require_same_device(kernel, logits=logits, sampling=sampling, masks=masks, slots=slots)
     pdl = pdl_level(logits)
@@ -633,9 +639,8 @@ def write_logprobs(logits: torch.Tensor, token: torch.Tensor, slots: torch.Tenso
     kernel = "write_logprobs"
     b, vocab = logits.shape
     k = out_top_ids.shape[-1]
-    require(logits.dtype == torch.float32 and logits.stride(1) == 1, kernel,
-            f"logits must be float32 [B, V] with contiguous rows, got {logits.dtype} {tuple(logits.stride())}")
-    require(sampling.dtype == torch.float32 and sampling.stride(1) == 1, kernel, "sampling must be float32 rows")
+    _require_logits(kernel, logits)
+    _require_sampling(kernel, sampling)
     require(slots.shape == (b,) and token.shape == (b,) and token.dtype == torch.int64, kernel,
             f"slots and token must be [{b}], token int64")
     require(frame.shape == (1,) and frame.dtype == torch.int64, kernel, "frame must be int64 [1]")
