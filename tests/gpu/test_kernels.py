@@ -320,6 +320,19 @@ def test_decode_min_split_steps_graph_replay(b, merge_in_kernel):
             assert torch.equal(out, paged_decode_attention(*args, num_splits=1))
 
 
+
+@pytest.mark.parametrize("min_steps", [1, 4])
+@pytest.mark.parametrize("b", [1, 64])
+def test_decode_direct_rows_graph_replay(b, min_steps):
+    """Split decode rows that one split holds (written by it, skipped by the merge) and rows
+    merged from only the splits holding keys give, on every replay of one graph as the
+    lengths change, what every split storing a partial and the merge reading all gives."""
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps)
+    for step, out, args, case in _split_replays(b, launch, seed=14):
+        full = paged_decode_attention(*args, launch=replace(launch, direct_single_split=False))
+        assert torch.equal(out, full), f"B={b} replay {step}: differs from the full merge"
+        check_attention(f"direct rows B={b} min {min_steps} replay {step}", out, case)
+
 @triton.jit
 def _late_writer_kernel(k_ptr, v_ptr, rows_ptr, k_src_ptr, v_src_ptr, busy_ptr, num_busy, row_width,
                         BLOCK: tl.constexpr):

@@ -89,12 +89,14 @@ def _paged_attention_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr,
-    VARLEN: tl.constexpr, UNMASKED_STEPS: tl.constexpr,
+    PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DECODE_DIRECT: tl.constexpr, PRELOAD: tl.constexpr,
+    PDL: tl.constexpr, VARLEN: tl.constexpr, UNMASKED_STEPS: tl.constexpr,
 ):
     # MERGE_IN_KERNEL (with NUM_SPLITS > 1): no merge kernel. Of a (row, kv head, block),
     # only the splits that hold keys take part: one alone writes the output, several
     # count themselves in at counter_ptr and the last to finish merges their partials.
+    # DECODE_DIRECT (decode, NUM_SPLITS > 1, the merge kernel after it): a row whose keys one
+    # split holds is written by split 0, and only the splits holding keys store partials.
     # PRELOAD (decode): the metadata and the split's first K/V step are read before the
     # PDL wait (see the wrapper); only the new key of the row's position is read after.
     if not PRELOAD:
@@ -139,7 +141,7 @@ def _paged_attention_kernel(
     # Keys are visited BLOCK_N = PAGE * PAGES_PER_STEP at a time.
     num_steps = tl.cdiv(tl.max(limit, axis=0), BLOCK_N)
     # At least min_steps a split: a short row takes fewer splits (the rest have no keys).
-    steps_per_split = tl.maximum(tl.cdiv(num_steps, NUM_SPLITS), min_steps)
+    steps_per_split = _split_steps(num_steps, min_steps, NUM_SPLITS)
     first = split * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
 
@@ -203,20 +205,27 @@ def _paged_attention_kernel(
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     store_ok = row_ok[:, None] & dim_ok[None, :]
     out_rows = out_ptr + b * s_ob + (q0 + token[:, None]) * s_oq + head[:, None] * s_oh + dims[None, :]
-    if MERGE_IN_KERNEL:
-        # Splits holding keys: the first cdiv(num_steps, steps_per_split) (none for a
-        # padding row, whose output split 0 writes as zeros).
-        active = tl.where(num_steps > 0, tl.cdiv(num_steps, tl.maximum(steps_per_split, 1)), 0)
+    # Splits holding keys: the first cdiv(num_steps, steps_per_split) (none for a padding row,
+    # whose output split 0 writes as zeros).
+    active = _active_splits(num_steps, steps_per_split)
     if NUM_SPLITS == 1:
         tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
+    elif DECODE_DIRECT and active <= 1:
+        # A decode row whose keys one split holds: split 0 writes the output (exactly what the
+        # merge of one non-empty split gives), the others nothing, and the merge kernel skips it.
+        if split == 0:
+            tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
+    elif DECODE_DIRECT:
+        if split < active:  # the merge kernel reads the first `active` splits only
+            _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries,
+                           token, num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
     elif MERGE_IN_KERNEL:
         if active <= 1:
             if split == 0:  # exactly what the merge of one non-empty split gives
                 tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
         elif split < active:
-            part_row = ((split * batch_size + b) * num_queries + token) * num_heads + head
-            tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], out, mask=store_ok)
-            tl.store(part_lse_ptr + part_row, _log_sum_exp(m_i, l_i, has_keys), mask=row_ok)
+            _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries,
+                           token, num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
             # The CTA's partial stores, then one thread's device-scope release count: the
             # split that counts last acquires them and reads them from L2 (.cg), never
             # from a stale L1 line (CUTLASS's semaphore: barrier, then one release).
@@ -226,14 +235,45 @@ def _paged_attention_kernel(
                 num_rows = batch_size * num_queries * num_heads
                 flat = (b * num_queries + token) * num_heads + head
                 merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
-                                         active, NUM_SPLITS, HEAD_DIM, ".cg")
+                                         tl.zeros_like(flat) + active, NUM_SPLITS, HEAD_DIM, ".cg")
                 tl.store(out_rows, merged.to(out_ptr.dtype.element_ty), mask=store_ok)
                 tl.atomic_xchg(counter, 0)  # ready for the next launch
     else:
-        # Partials are [S, B, Q, H, D] (and [S, B, Q, H] for the log-sum-exp), contiguous.
-        part_row = ((split * batch_size + b) * num_queries + token) * num_heads + head
-        tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], out, mask=store_ok)
-        tl.store(part_lse_ptr + part_row, _log_sum_exp(m_i, l_i, has_keys), mask=row_ok)
+        _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries, token,
+                       num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
+
+
+@triton.jit
+def _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries, token,
+                   num_heads, head, dims, row_ok, store_ok, HEAD_DIM: tl.constexpr):
+    """A split's normalised output and log-sum-exp into the partials, [S, B, Q, H, D] and
+    [S, B, Q, H] (contiguous)."""
+    part_row = ((split * batch_size + b) * num_queries + token) * num_heads + head
+    tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + dims[None, :], out, mask=store_ok)
+    tl.store(part_lse_ptr + part_row, _log_sum_exp(m_i, l_i, has_keys), mask=row_ok)
+
+
+@triton.jit
+def _decode_steps(position, kv_len, max_pages, min_steps, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr):
+    """A decode row's key steps and steps a split (the attention kernel's and the merge's
+    shared arithmetic): keys j < min(position + 1, kv_len), clamped into the page table."""
+    kv_len = tl.minimum(tl.maximum(kv_len, 0), max_pages * PAGE)
+    limit = tl.maximum(tl.minimum(position + 1, kv_len), 0)
+    num_steps = tl.cdiv(limit, BLOCK_N)
+    return num_steps, _split_steps(num_steps, min_steps, NUM_SPLITS)
+
+
+@triton.jit
+def _split_steps(num_steps, min_steps, NUM_SPLITS: tl.constexpr):
+    """Key steps a split: the row's steps over the splits, at least ``min_steps``."""
+    return tl.maximum(tl.cdiv(num_steps, NUM_SPLITS), min_steps)
+
+
+@triton.jit
+def _active_splits(num_steps, steps_per_split):
+    """Splits holding keys: the first cdiv(num_steps, steps_per_split); none without keys."""
+    return tl.where(num_steps > 0, tl.cdiv(num_steps, tl.maximum(steps_per_split, 1)), 0)
 
 
 @triton.jit
@@ -296,8 +336,9 @@ def _log_sum_exp(m_i, l_i, has_keys):
 def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, num_active,
                     NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):
     """The merged output of flat (b, token, head) ``rows`` from the splits' normalised
-    partials [S, rows, D] and log-sum-exps [S, rows], in split order; only the first
-    ``num_active`` splits are read (the rest weigh exactly 0 where written: the same bits)."""
+    partials [S, rows, D] and log-sum-exps [S, rows], in split order; of each row only the
+    first ``num_active`` (a count a row) splits are read (the rest weigh exactly 0 where
+    written: the same bits)."""
     lse_max = tl.full(rows.shape, NEG_BIG, dtype=tl.float32)
     for split in tl.static_range(NUM_SPLITS):
         lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + split * num_rows + rows,
@@ -312,7 +353,7 @@ def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask
                       cache_modifier=CACHE)
         weight = tl.exp2(lse - lse_max)
         part = tl.load(part_o_ptr + (split * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :],
-                       mask=mask & (split < num_active), other=0.0, cache_modifier=CACHE)
+                       mask=mask & (split < num_active)[:, None], other=0.0, cache_modifier=CACHE)
         weight_sum += weight
         acc += part * weight[:, None]
     return acc / weight_sum[:, None]
@@ -320,21 +361,37 @@ def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask
 
 @triton.jit
 def _merge_splits_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr,
-    num_queries, num_heads, num_rows,
-    s_ob, s_oq, s_oh,
+    part_o_ptr, part_lse_ptr, out_ptr, positions_ptr, kv_lens_ptr,
+    num_queries, num_heads, num_rows, max_pages, min_steps,
+    s_ob, s_oq, s_oh, s_pb,
     NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DECODE_DIRECT: tl.constexpr, EARLY_METADATA: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_inputs(PDL)
+    # DECODE_DIRECT: the attention kernel wrote the rows whose keys one split holds itself, and
+    # the partials of the first `active` splits of the others (the same count from the same
+    # metadata). EARLY_METADATA: the metadata is read before the PDL wait (no kernel of the
+    # chain writes it: the attention kernel's preload condition).
+    if not EARLY_METADATA:
+        wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flat (b, token, head) over [B, Q, H]
     row_ok = rows < num_rows
     head = rows % num_heads
     token = (rows // num_heads) % num_queries
     b = rows // (num_heads * num_queries)
+    if DECODE_DIRECT:
+        position = tl.load(positions_ptr + b * s_pb, mask=row_ok, other=-1)
+        num_steps, steps_per_split = _decode_steps(position, tl.load(kv_lens_ptr + b, mask=row_ok, other=0),
+                                                   max_pages, min_steps, PAGE, BLOCK_N, NUM_SPLITS)
+        active = _active_splits(num_steps, steps_per_split)
+        row_ok = row_ok & (active > 1)
+    else:
+        active = tl.full(rows.shape, NUM_SPLITS, dtype=tl.int32)
+    if EARLY_METADATA:
+        wait_for_inputs(PDL)
     dims = tl.arange(0, BLOCK_D)
     mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, NUM_SPLITS, NUM_SPLITS,
+    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, active, NUM_SPLITS,
                           HEAD_DIM, "")
     tl.store(out_ptr + (b * s_ob + token * s_oq + head * s_oh)[:, None] + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -399,6 +456,10 @@ class AttentionLaunch:
     # the last split merging it won at 192 cached keys (batch 32 4.752 against 4.850 ms a
     # step) and lost at 1,024 (batch 64 6.976 against 6.822; TUNING.md, "Context splits").
     min_split_steps: int = 1
+    # Split decode (Q == 1, the merge kernel after it): a row whose keys one split holds is
+    # written by that split, and the merge kernel reads only the splits that hold keys; off,
+    # every split stores a partial and the merge reads all of them (the same bits either way).
+    direct_single_split: bool = True
     # Steps every query row of the block sees whole (below the causal diagonal) run
     # without the visibility mask (prefill; a decode row's steps are all but the last).
     unmasked_steps: bool = False
@@ -480,6 +541,8 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     # in the round are written by this step too (AttentionBatch.keys_this_step).
     preload = launch.preload and nq == 1 and batch.keys_this_step == 1 \
         and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
+    # Split decode rows whose keys one split holds skip the partials and the merge.
+    decode_direct = launch.direct_single_split and num_splits > 1 and nq == 1 and counters is None
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
         q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out,
         pos, table, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens, batch.kv_lens,
@@ -492,16 +555,18 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, PAGE=PAGE_TOKENS,
         PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
         NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=counters is not None,
-        PRELOAD=preload, PDL=pdl, VARLEN=False, UNMASKED_STEPS=launch.unmasked_steps,
+        DECODE_DIRECT=decode_direct, PRELOAD=preload, PDL=pdl, VARLEN=False, UNMASKED_STEPS=launch.unmasked_steps,
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_options(pdl),
     )
     if num_splits > 1 and counters is None:
         rows = b * nq * h
         block_r = MERGE_ROWS
         _merge_splits_kernel[(triton.cdiv(rows, block_r),)](
-            part_o, part_lse, out, nq, h, rows,
-            out.stride(0), out.stride(1), out.stride(2),
-            NUM_SPLITS=num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=block_r, PDL=pdl, num_warps=4,
+            part_o, part_lse, out, pos, batch.kv_lens, nq, h, rows, max_pages, min_steps,
+            out.stride(0), out.stride(1), out.stride(2), pos.stride(0),
+            NUM_SPLITS=num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=block_r, PAGE=PAGE_TOKENS,
+            BLOCK_N=PAGE_TOKENS * launch.pages_per_step, DECODE_DIRECT=decode_direct,
+            EARLY_METADATA=decode_direct and launch.preload and batch.keys_this_step == 1, PDL=pdl, num_warps=4,
             **pdl_options(pdl),
         )
     return out
@@ -639,7 +704,8 @@ def packed_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
         0, rows.positions.stride(0), rows.page_table.stride(0),
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)), BLOCK_M=block_m,
         PAGE=PAGE_TOKENS, PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=PAGE_TOKENS * launch.pages_per_step,
-        NUM_SPLITS=1, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=False, PRELOAD=False, PDL=pdl,
+        NUM_SPLITS=1, PRECISION=dot_precision(q.dtype), MERGE_IN_KERNEL=False, DECODE_DIRECT=False, PRELOAD=False,
+        PDL=pdl,
         VARLEN=True, UNMASKED_STEPS=launch.unmasked_steps, num_warps=launch.num_warps,
         num_stages=launch.num_stages, **pdl_options(pdl),
     )

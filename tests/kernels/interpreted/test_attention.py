@@ -134,6 +134,40 @@ def test_decode_more_splits_than_pages_and_padding_rows():
     assert torch.equal(out[1].float(), torch.zeros_like(out[1].float())), "a row with no keys must output zeros"
 
 
+@pytest.mark.parametrize("min_steps", [1, 4])
+def test_decode_reads_only_the_splits_holding_keys(monkeypatch, min_steps):
+    """A split decode row is built from the splits that hold its keys alone: a row that one
+    split holds is written by it directly, and the merge reads no other split's partial.
+    The partial buffers start as NaN, so any read of a split that stored nothing would show;
+    every row matches the unsplit kernel where one split holds it and the reference always."""
+    from dataclasses import replace
+
+    from flare.model.kernels import DECODE_LAUNCH, attention
+
+    monkeypatch.setattr(attention, "sm_count", lambda device: 2)  # min_steps applies from 1 pair an SM
+    case = build_case(kv_lens=[1, 0, 64, 65, 190, 600], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
+                      max_pages=10, dtype=torch.bfloat16, seed=8, padding_rows=(1,))
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    kernel = attention._paged_attention_kernel
+    original = kernel.run
+
+    def poisoned(*a, **kw):
+        a[4].fill_(float("nan"))  # part_o
+        a[5].fill_(float("nan"))  # part_lse
+        return original(*a, **kw)
+
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps)
+    monkeypatch.setattr(kernel, "run", poisoned)
+    got = paged_decode_attention(*args, num_splits=4, launch=launch)
+    monkeypatch.setattr(kernel, "run", original)
+    assert not torch.isnan(got).any(), "a split that stored no partial was merged"
+    check_attention(f"paged_decode_attention (min {min_steps} steps a split, NaN partials)", got, case)
+    unsplit = paged_decode_attention(*args, num_splits=1)
+    one_split = [0, 1, 2] if min_steps == 1 else [0, 1, 2, 3, 4]
+    assert torch.equal(got[one_split], unsplit[one_split])
+    assert torch.equal(got, paged_decode_attention(*args, num_splits=4, launch=launch)), "same bits unpoisoned"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_splits", [1, 4], ids=["splits1", "splits4"])
 def test_prefill_chunk_over_cached_prefix(dtype, num_splits):
