@@ -427,10 +427,11 @@ VARIANTS.update({
     "ms4_mik": Variant(attention={"min_split_steps": 4, "merge_in_kernel": True}, exact=False),
     "ms8_mik": Variant(attention={"min_split_steps": 8, "merge_in_kernel": True}, exact=False),
     "mik": Variant(attention={"merge_in_kernel": True}, exact=False),
-    # Every split storing a partial and the merge reading all of them (the default before
-    # AttentionLaunch.direct_single_split), and the direct rows with a minimum of steps.
-    "no_direct": Variant(attention={"direct_single_split": False}),
-    "ms4_no_direct": Variant(attention={"min_split_steps": 4, "direct_single_split": False}, exact=False),
+    # A row that one split holds written by that split, the merge reading only the splits
+    # holding keys (AttentionLaunch.direct_single_split; the same bits), and with a minimum of
+    # four steps a split, so rows up to 256 keys run in one.
+    "direct": Variant(attention={"direct_single_split": True}),
+    "ms4_direct": Variant(attention={"min_split_steps": 4, "direct_single_split": True}, exact=False),
 })
 # Where the wide launches let the next kernel start (GemvConfig.trigger_after_loop) and what
 # they load before their wait (GemvConfig.preload_tiles 0: nothing).

@@ -327,7 +327,7 @@ def test_decode_direct_rows_graph_replay(b, min_steps):
     """Split decode rows that one split holds (written by it, skipped by the merge) and rows
     merged from only the splits holding keys give, on every replay of one graph as the
     lengths change, what every split storing a partial and the merge reading all gives."""
-    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps)
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, direct_single_split=True)
     for step, out, args, case in _split_replays(b, launch, seed=14):
         full = paged_decode_attention(*args, launch=replace(launch, direct_single_split=False))
         assert torch.equal(out, full), f"B={b} replay {step}: differs from the full merge"

@@ -459,7 +459,9 @@ class AttentionLaunch:
     # Split decode (Q == 1, the merge kernel after it): a row whose keys one split holds is
     # written by that split, and the merge kernel reads only the splits that hold keys; off,
     # every split stores a partial and the merge reads all of them (the same bits either way).
-    direct_single_split: bool = True
+    # Off until measured on a GPU (no device came on 2026-12-07; tools/bench_step.py variants
+    # "direct" and "ms4_direct" against "serving").
+    direct_single_split: bool = False
     # Steps every query row of the block sees whole (below the causal diagonal) run
     # without the visibility mask (prefill; a decode row's steps are all but the last).
     unmasked_steps: bool = False

@@ -156,7 +156,7 @@ def test_decode_reads_only_the_splits_holding_keys(monkeypatch, min_steps):
         a[5].fill_(float("nan"))  # part_lse
         return original(*a, **kw)
 
-    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps)
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, direct_single_split=True)
     monkeypatch.setattr(kernel, "run", poisoned)
     got = paged_decode_attention(*args, num_splits=4, launch=launch)
     monkeypatch.setattr(kernel, "run", original)
