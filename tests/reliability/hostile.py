@@ -53,6 +53,13 @@ FRAGMENTS: tuple[Raw, ...] = tuple(Raw(t) for t in (
 ))
 
 
+def lifts_the_output_limit(path: tuple) -> bool:
+    """Whether a hostile value at ``path`` may be a valid output limit: a large max_tokens, or
+    null (the rest of the context), generates for minutes on a CPU, so such a body is streamed
+    and the client leaves after the head (the server must then cancel it)."""
+    return bool(path) and path[-1] in ("max_tokens", "max_completion_tokens")
+
+
 def chat_body(model: str) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
 
@@ -119,10 +126,7 @@ def hostile_body(rng: random.Random, model: str) -> tuple[str, bytes]:
         value = [value, rng.choice(FRAGMENTS)]
     body = place(body, path, value)
     if isinstance(body, dict) and path != ("stream",):
-        # A valid hostile max_tokens (or null: the rest of the context) would generate for
-        # minutes on a CPU: those are streamed, and the client leaves after the head.
-        long = path and path[-1] in ("max_tokens", "max_completion_tokens")
-        body["stream"] = long or rng.random() < 0.5
+        body["stream"] = lifts_the_output_limit(path) or rng.random() < 0.5
     return route, dump(body).encode("utf-8", "surrogatepass")
 
 
