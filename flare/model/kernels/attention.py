@@ -256,8 +256,9 @@ def _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, bat
 @triton.jit
 def _decode_steps(position, kv_len, max_pages, min_steps, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                   NUM_SPLITS: tl.constexpr):
-    """A decode row's key steps and steps a split (the attention kernel's and the merge's
-    shared arithmetic): keys j < min(position + 1, kv_len), clamped into the page table."""
+    """A decode row's key steps and steps a split, as the merge kernel finds them from the
+    row's metadata: keys j < min(position + 1, kv_len), clamped into the page table, which is
+    what the attention kernel's block-wide limit comes to when Q == 1."""
     kv_len = tl.minimum(tl.maximum(kv_len, 0), max_pages * PAGE)
     limit = tl.maximum(tl.minimum(position + 1, kv_len), 0)
     num_steps = tl.cdiv(limit, BLOCK_N)
