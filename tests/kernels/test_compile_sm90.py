@@ -256,8 +256,8 @@ def test_attention_kernels_compile_for_sm90(launches):
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, num_splits=1)
     merge = replace(kernels.DECODE_LAUNCH, merge_in_kernel=True)
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=merge)
-    direct = replace(kernels.DECODE_LAUNCH, direct_single_split=True)  # the merge kernel reads the metadata too
-    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=direct)
+    full = replace(kernels.DECODE_LAUNCH, direct_single_split=False)  # every split stored, all merged
+    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=full)
     prefill = build_case(kv_lens=[300, 90], q_len=128, num_heads=32, num_kv_heads=8, head_dim=128,
                          max_pages=6, dtype=torch.bfloat16, num_new=[128, 90])
     kernels.paged_prefill_attention(prefill.q, prefill.k_pool, prefill.v_pool, prefill.batch, prefill.scale)
