@@ -428,11 +428,10 @@ VARIANTS.update({
     "ms8_mik": Variant(attention={"min_split_steps": 8, "merge_in_kernel": True}, exact=False),
     "mik": Variant(attention={"merge_in_kernel": True}, exact=False),
     # Serving writes a row that one split holds from that split, the merge reading only the
-    # splits holding keys (AttentionLaunch.direct_single_split; the same bits): "full_merge" is
-    # the earlier form (every split stores, the merge reads all), "ms4_direct" adds a minimum of
-    # four steps a split, so rows up to 256 keys run in one.
+    # splits holding keys (AttentionLaunch.direct_single_split; the same bits; "ms4" above adds
+    # a minimum of four steps a split to it): "full_merge" is the earlier form (every split
+    # stores, the merge reads all).
     "full_merge": Variant(attention={"direct_single_split": False}),
-    "ms4_direct": Variant(attention={"min_split_steps": 4}, exact=False),
 })
 # Where the wide launches let the next kernel start (GemvConfig.trigger_after_loop) and what
 # they load before their wait (GemvConfig.preload_tiles 0: nothing).
