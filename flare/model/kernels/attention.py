@@ -210,34 +210,28 @@ def _paged_attention_kernel(
     active = _active_splits(num_steps, steps_per_split)
     if NUM_SPLITS == 1:
         tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
-    elif DECODE_DIRECT and active <= 1:
-        # A decode row whose keys one split holds: split 0 writes the output (exactly what the
-        # merge of one non-empty split gives), the others nothing, and the merge kernel skips it.
-        if split == 0:
-            tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
-    elif DECODE_DIRECT:
-        if split < active:  # the merge kernel reads the first `active` splits only
-            _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries,
-                           token, num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
-    elif MERGE_IN_KERNEL:
+    elif DECODE_DIRECT or MERGE_IN_KERNEL:
         if active <= 1:
-            if split == 0:  # exactly what the merge of one non-empty split gives
+            # A row whose keys one split holds: split 0 writes the output (exactly what the
+            # merge of one non-empty split gives), the others nothing; no merge reads it.
+            if split == 0:
                 tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
-        elif split < active:
+        elif split < active:  # a merge reads the first `active` splits only
             _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries,
                            token, num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
-            # The CTA's partial stores, then one thread's device-scope release count: the
-            # split that counts last acquires them and reads them from L2 (.cg), never
-            # from a stale L1 line (CUTLASS's semaphore: barrier, then one release).
-            tl.debug_barrier()
-            counter = counter_ptr + block * (batch_size * NUM_KV_HEADS) + pair
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
-                num_rows = batch_size * num_queries * num_heads
-                flat = (b * num_queries + token) * num_heads + head
-                merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
-                                         tl.zeros_like(flat) + active, NUM_SPLITS, HEAD_DIM, ".cg")
-                tl.store(out_rows, merged.to(out_ptr.dtype.element_ty), mask=store_ok)
-                tl.atomic_xchg(counter, 0)  # ready for the next launch
+            if MERGE_IN_KERNEL:
+                # The CTA's partial stores, then one thread's device-scope release count: the
+                # split that counts last acquires them and reads them from L2 (.cg), never
+                # from a stale L1 line (CUTLASS's semaphore: barrier, then one release).
+                tl.debug_barrier()
+                counter = counter_ptr + block * (batch_size * NUM_KV_HEADS) + pair
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
+                    num_rows = batch_size * num_queries * num_heads
+                    flat = (b * num_queries + token) * num_heads + head
+                    merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
+                                             tl.zeros_like(flat) + active, NUM_SPLITS, HEAD_DIM, ".cg")
+                    tl.store(out_rows, merged.to(out_ptr.dtype.element_ty), mask=store_ok)
+                    tl.atomic_xchg(counter, 0)  # ready for the next launch
     else:
         _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries, token,
                        num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
