@@ -29,7 +29,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.live import Live
 
-from .render import PANES, View, frame
+from .render import PANES, View, draw
 from .state import DashboardState
 
 log = logging.getLogger("flare.dashboard")
@@ -88,7 +88,8 @@ class Dashboard:
         labels = getattr(engine, "graph_labels", ())
         self.state = DashboardState(labels, speculative=speculative)
         self.pane = 0
-        self.scroll = 0
+        self.scroll = 0  # the first request row asked for; the key reader and the display share it
+        self._scroll_lock = threading.Lock()
         self.trace = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -166,10 +167,15 @@ class Dashboard:
                 return
             if not data:
                 return
-            for pane_step, scroll_step in parse_keys(data):
+            self.press(parse_keys(data))
+            self._wake.set()
+
+    def press(self, keys: list[tuple[int, int]]) -> None:
+        """Apply (pane step, scroll step) keys."""
+        with self._scroll_lock:
+            for pane_step, scroll_step in keys:
                 self.pane = (self.pane + pane_step) % len(PANES)
                 self.scroll = max(0, self.scroll + scroll_step)
-            self._wake.set()
 
     # -- logging ----------------------------------------------------------------
 
@@ -221,6 +227,16 @@ class Dashboard:
         return View(pane=PANES[self.pane], scroll=self.scroll, width=width, height=height, title=self.title,
                     logs=logs[-3:])
 
+    def screen(self, now_ns: int, width: int, height: int):
+        """The screen at this size. A scroll past the last full page is brought back to it, so
+        that Up moves the rows at the first press (a key that arrived meanwhile is kept)."""
+        view = self.view(width, height)
+        screen, first_row = draw(self.state, now_ns, view)
+        with self._scroll_lock:
+            if self.scroll == view.scroll:
+                self.scroll = first_row
+        return screen
+
     def _run(self) -> None:
         console = Console(file=self.stream, force_terminal=True)
         try:
@@ -230,9 +246,7 @@ class Dashboard:
                     now = time.monotonic_ns()
                     self.tick(now)
                     width, height = console.size
-                    view = self.view(width, height)
-                    self.scroll = min(self.scroll, max(0, len(self.state.rows) - 1))
-                    live.update(frame(self.state, now, view), refresh=True)
+                    live.update(self.screen(now, width, height), refresh=True)
                     self._wake.wait(REFRESH_S)
                     self._wake.clear()
         except Exception:  # noqa: BLE001 - the server goes on without its display

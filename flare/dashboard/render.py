@@ -109,7 +109,7 @@ _NARROW = (("Request", 9, False), ("Phase", 13, False), ("Gap ms", 7, True))
 _WIDE = _NARROW + (("Prompt", 11, True), ("Output", 7, True), ("Out ms", 7, True), ("Bursts", 7, True))
 
 
-def _requests(rows: Sequence[RequestView], view: View, limit: int, cells: int) -> tuple[Text, str]:
+def _requests(rows: Sequence[RequestView], view: View, limit: int, cells: int) -> tuple[Text, str, int]:
     columns = _WIDE if view.width >= WIDE else _NARROW
 
     def line(values: Sequence[str]) -> str:
@@ -131,7 +131,7 @@ def _requests(rows: Sequence[RequestView], view: View, limit: int, cells: int) -
     text.no_wrap = True
     text.overflow = "crop"
     where = f"requests {start + 1}-{start + len(shown)} of {len(rows)}" if rows else "requests 0"
-    return text, where
+    return text, where, start
 
 
 def history_cells(width: int) -> int:
@@ -140,6 +140,13 @@ def history_cells(width: int) -> int:
 
 
 def frame(state: DashboardState, now_ns: int, view: View) -> RenderableType:
+    """The whole screen for ``view``."""
+    return draw(state, now_ns, view)[0]
+
+
+def draw(state: DashboardState, now_ns: int, view: View) -> tuple[RenderableType, int]:
+    """The whole screen for ``view`` and the first request row it shows (``view.scroll``
+    clamped so that the last page is full)."""
     o = state.overview(now_ns)
     pane = view.pane
     tabs = Text()
@@ -164,7 +171,7 @@ def frame(state: DashboardState, now_ns: int, view: View) -> RenderableType:
     requests = state.request_rows(now_ns, cells)
     logs = list(view.logs)[-3:]
     limit = max(1, view.height - used - 4 - len(logs))
-    table, where = _requests(requests, view, limit, cells)
+    table, where, first_row = _requests(requests, view, limit, cells)
     parts.append(Text(""))
     parts.append(table)
     status = Text(style="dim")
@@ -178,4 +185,4 @@ def frame(state: DashboardState, now_ns: int, view: View) -> RenderableType:
     parts.append(status)
     for line in logs:
         parts.append(Text(line, style="dim", no_wrap=True, overflow="ellipsis"))
-    return Group(*parts)
+    return Group(*parts), first_row

@@ -97,6 +97,31 @@ def test_scroll_moves_the_request_rows():
     assert rows[0].label not in [line.split()[0] for line in text.splitlines() if line.strip()]
 
 
+def test_up_moves_the_rows_at_once_after_scrolling_past_the_end():
+    from flare.dashboard.app import Dashboard, parse_keys
+
+    state, now = from_json(RECORDED)
+    total = len(state.request_rows(now, 10))
+    dashboard = Dashboard(object(), stream=io.StringIO())
+    dashboard.state = state
+
+    def shown() -> str:
+        console = Console(width=80, file=io.StringIO(), record=True, color_system=None)
+        console.print(dashboard.screen(now, 80, 14))
+        return next(line for line in console.export_text().splitlines() if line.startswith("requests "))
+
+    first = shown()
+    assert first.startswith("requests 1-") and f"of {total}" in first
+    per_page = int(first.split()[1].split("-")[1])
+    assert per_page < total  # the last page starts past the first
+    dashboard.press(parse_keys(b"\x1b[6~" * 3))  # PageDown far past the end
+    last_page = total - per_page
+    assert shown().startswith(f"requests {last_page + 1}-{total} of {total}")
+    assert dashboard.scroll == last_page  # the position is the page shown, not the keys pressed
+    dashboard.press(parse_keys(b"\x1b[A"))
+    assert shown().startswith(f"requests {last_page}-{total - 1} of {total}")
+
+
 def test_speculative_figures_show_once_speculation_exists():
     state, now = from_json(RECORDED)
     assert "DEPTH" not in render(state, now, "overview", 120)
