@@ -454,7 +454,7 @@ class AttentionLaunch:
     # Split decode (Q == 1, the merge kernel after it): a row whose keys one split holds is
     # written by that split, and the merge kernel reads only the splits that hold keys; off,
     # every split stores a partial and the merge reads all of them (the same bits either way).
-    # On: one H100 call on 2026-12-07 (tools/bench_step.py "direct" against "serving") read
+    # On: H100 calls on 2026-12-07 (tools/bench_step.py "serving" against "full_merge") read
     # -0.5% a step at batch 16 and 32, -0.2% at batch 1, within noise at 64 (TUNING.md).
     direct_single_split: bool = True
     # Steps every query row of the block sees whole (below the causal diagonal) run
