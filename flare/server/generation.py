@@ -117,7 +117,7 @@ def resolve_max_tokens(max_tokens: int | None, prompt_len: int, context_len: int
     room the prompt leaves, else the rest of the context: only an explicit max_tokens
     that does not fit is refused, or a prompt that leaves no room at all. ``param``
     names the request's max_tokens field, ``prompt_param`` the prompt's (blamed when
-    no max_tokens was given).
+    no max_tokens was given, or when the prompt alone fills the context).
     """
     remaining = context_len - prompt_len
     if max_tokens is not None:
@@ -125,10 +125,13 @@ def resolve_max_tokens(max_tokens: int | None, prompt_len: int, context_len: int
     else:
         resolved = remaining if default is None else min(default, remaining)
     if resolved < 1 or prompt_len + resolved > context_len:
-        requested = f"max_tokens of {max_tokens}" if max_tokens is not None else "at least one output token"
+        # A prompt that leaves no room is the prompt's fault whatever max_tokens says; the
+        # message names the field as the request spelled it (max_output_tokens, num_predict).
+        blame_prompt = max_tokens is None or remaining < 1
+        requested = "at least one output token" if blame_prompt else f"{param.rpartition('.')[2]} of {max_tokens}"
         raise AdmissionError(
             f"prompt of {prompt_len} tokens plus {requested} exceeds the context of {context_len} tokens",
-            status=400, code="context_length_exceeded", param=param if max_tokens is not None else prompt_param,
+            status=400, code="context_length_exceeded", param=prompt_param if blame_prompt else param,
             hint=context_hint or None)
     return resolved
 

@@ -48,11 +48,13 @@ def _sampling(params: SamplingParams) -> dict:
 
 # -- the schema: precedence ------------------------------------------------------------------
 
-@pytest.mark.parametrize("parse,body", [(parse_chat, {"messages": USER}), (parse_completion, {"prompt": "hi"})])
-def test_model_defaults_fill_in_what_the_request_leaves_out(parse, body):
+@pytest.mark.parametrize("parse,body,max_tokens", [(parse_chat, {"messages": USER}, 64),
+                                                   (parse_completion, {"prompt": "hi"}, 16)])
+def test_model_defaults_fill_in_what_the_request_leaves_out(parse, body, max_tokens):
     params = parse(body, MODEL).sampling_params(prompt_len=10, context_len=1000)
+    # a completion's max_tokens is OpenAI's 16 unless the model's max_new_tokens is lower
     assert _sampling(params) == {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
-                                 "repetition_penalty": 1.1, "max_tokens": 64}
+                                 "repetition_penalty": 1.1, "max_tokens": max_tokens}
     # null counts as absent
     nulls = {key: None for key in (*SAMPLING_KEYS, "max_tokens")}
     assert parse({**body, **nulls}, MODEL).sampling_params(prompt_len=10, context_len=1000) == params
@@ -72,6 +74,12 @@ def test_without_model_defaults_requests_get_openais():
     params = parse_chat({"messages": USER}, NONE).sampling_params(prompt_len=10, context_len=1000)
     assert _sampling(params) == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                                  "repetition_penalty": 1.0, "max_tokens": 990}
+    # the legacy completions API: 16 tokens (OpenAI's default, and vLLM's), null as absent
+    for body in ({"prompt": "hi"}, {"prompt": "hi", "max_tokens": None}):
+        assert parse_completion(body, NONE).sampling_params(prompt_len=10, context_len=1000).max_tokens == 16
+    assert parse_completion({"prompt": "hi"}, GenerationDefaults(max_new_tokens=8)).sampling_params(10, 1000) \
+        .max_tokens == 8
+    assert parse_completion({"prompt": "hi", "max_tokens": 500}, NONE).sampling_params(10, 1000).max_tokens == 500
     # a model's top_k of -1 disables it, as a request's does
     assert parse_chat({"messages": USER}, GenerationDefaults(top_k=-1)).sampling_params(10, 1000).top_k == 0
 
@@ -90,6 +98,11 @@ def test_default_max_new_tokens_is_clamped_but_an_explicit_max_tokens_must_fit()
         assert info.value.param == "max_tokens" and "max_tokens of 64" in str(info.value)
     completion = parse_completion({"prompt": "x"}, MODEL)
     assert completion.sampling_params(prompt_len=990, context_len=1000).max_tokens == 10
+    # a prompt that fills the context is blamed even beside an explicit max_tokens
+    for prompt_len in (1000, 1200):
+        with pytest.raises(AdmissionError) as info:
+            parse_chat({"messages": USER, "max_tokens": 5}, MODEL).sampling_params(prompt_len, context_len=1000)
+        assert info.value.param == "messages" and "at least one output token" in str(info.value)
 
 
 # -- the value type ------------------------------------------------------------------------------
@@ -184,7 +197,7 @@ def test_fake_server_applies_the_model_defaults_unless_generation_config_none():
     model, override, clamped = (_sampling(p) for p in seen)
     assert model == {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1,
                      "max_tokens": 64}
-    assert override == {**model, "temperature": 0.7}
+    assert override == {**model, "temperature": 0.7, "max_tokens": 16}  # a completion: OpenAI's 16
     assert clamped["max_tokens"] == 6  # 4096 - 4090
 
     served, seen = _fake_server("none")
@@ -195,7 +208,7 @@ def test_fake_server_applies_the_model_defaults_unless_generation_config_none():
     finally:
         served.stop()
     assert _sampling(seen[0]) == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
-                                  "repetition_penalty": 1.0, "max_tokens": 4094}
+                                  "repetition_penalty": 1.0, "max_tokens": 16}
 
 
 # -- the demo server (SmolLM2-135M-Instruct) -----------------------------------------------------------

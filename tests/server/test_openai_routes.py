@@ -252,6 +252,40 @@ def test_completions_sync_and_streaming(server):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_completions_without_max_tokens_stop_at_openais_16(server):
+    status, payload = post_json(server, "/v1/completions", {"prompt": "Once upon a time", "ignore_eos": True})
+    assert status == 200 and payload["usage"]["completion_tokens"] == 16, payload
+    assert payload["choices"][0]["finish_reason"] == "length"
+
+
+def test_completion_logprobs_keep_byte_pieces_apart(server):
+    """Tokens that are pieces of one UTF-8 character are OpenAI's ``bytes:\\xNN`` strings, each its
+    own top_logprobs key, and text_offset counts characters of the text."""
+    status, payload = post_json(server, "/v1/completions", {"prompt": "日本語の文", "max_tokens": 6, "temperature": 0,
+                                                            "logprobs": 5})
+    assert status == 200, payload
+    choice = payload["choices"][0]
+    logprobs = choice["logprobs"]
+    assert all(len(top) == 5 for top in logprobs["top_logprobs"]), logprobs["top_logprobs"]
+    pieces = b""
+    for token in logprobs["tokens"]:
+        if token.startswith("bytes:"):
+            raw = bytes(int(h, 16) for h in token[len("bytes:"):].split("\\x")[1:])
+            assert raw and token == "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            try:
+                raw.decode("utf-8")
+                raise AssertionError(f"{token} is whole UTF-8 and should be plain text")
+            except UnicodeDecodeError:
+                pass
+            pieces += raw
+        else:
+            pieces += token.encode("utf-8")
+    text = pieces.decode("utf-8", "replace")
+    assert choice["text"] == text
+    offsets = logprobs["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] <= len(text)
+
+
 def test_completions_with_token_ids_and_logprobs(server):
     reply = _client(server).completions.create(model=server.model, prompt=[72, 105, 33], max_tokens=3,
                                                logprobs=2)
@@ -277,6 +311,9 @@ def test_completions_with_token_ids_and_logprobs(server):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "image_url"),
     ({"messages": CHAT, "max_tokens": 0}, "max_tokens"),
     ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": CHAT, "user": 5}, "'user' must be a string"),
+    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": "notobj"}}]},
+     "tools[0].function.parameters"),
 ])
 def test_chat_validation_errors(server, body, needle):
     status, payload = post_json(server, "/v1/chat/completions", {"model": server.model, **body})
@@ -285,7 +322,8 @@ def test_chat_validation_errors(server, body, needle):
 
 def test_completion_validation_errors(server):
     for body, needle in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "x", "echo": True}, "echo"),
-                         ({"prompt": "x", "best_of": 3}, "best_of"), ({}, "prompt")):
+                         ({"prompt": "x", "best_of": 3}, "best_of"), ({}, "prompt"),
+                         ({"prompt": "x", "user": ["me"]}, "'user' must be a string")):
         status, payload = post_json(server, "/v1/completions", {"model": server.model, **body})
         assert_error(status, payload, 400, needle)
 

@@ -208,7 +208,7 @@ def test_context_overflow_names_counts_and_hint(launcher):
         _create(served, input=QUESTION, max_output_tokens=card_len)
     error = info.value.body
     assert error["code"] == "context_length_exceeded" and error["param"] == "max_output_tokens"
-    assert f"max_tokens of {card_len}" in error["message"]
+    assert f"max_output_tokens of {card_len}" in error["message"]
     assert "raise it with flare export --context" in error["message"]
     status, payload = post_json(served, "/v1/responses", {"model": served.model, "input": "word " * card_len})
     assert assert_error(status, payload, 400, "context of")["param"] == "input"

@@ -7,6 +7,7 @@ Chunks that carry logprobs, reasoning or tool calls are built as dicts.
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
@@ -184,6 +185,9 @@ class CompletionFormat(_Format):
         self._text_head = self._chunk_head + b',"choices":[{"index":0,"text":'
         self._text_tail = b',"logprobs":null,"finish_reason":null}]' + self._usage_null + b"}\n\n"
         self._offset = 0  # characters of output so far, for text_offset
+        # The output's bytes as characters, token by token: a token that ends inside a
+        # multi-byte character adds nothing until the token that completes it.
+        self._chars = codecs.getincrementaldecoder("utf-8")("replace")
 
     def opening(self) -> bytes:
         return b""
@@ -209,13 +213,25 @@ class CompletionFormat(_Format):
     def _logprobs(self, logprobs) -> dict[str, Any]:
         tokens, values, tops, offsets = [], [], [], []
         for entry in logprobs:
-            text, _ = self._token_text(entry.token_id)
-            tokens.append(text)
+            raw = self.state.engine.token_bytes(entry.token_id)
+            tokens.append(_token_key(raw))
             values.append(entry.logprob)
             top: dict[str, float] = {}
             for token_id, value in entry.top:
-                top.setdefault(self._token_text(token_id)[0], value)
+                top.setdefault(_token_key(self.state.engine.token_bytes(token_id)), value)
             tops.append(top)
+            # where the token's first character starts in the text (the one it completes, for a
+            # token that begins inside a character)
             offsets.append(self._offset)
-            self._offset += len(text)
+            self._offset += len(self._chars.decode(raw))
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _token_key(raw: bytes) -> str:
+    """A completion logprob's token: its text, or for bytes that are not whole UTF-8 characters
+    OpenAI's ``bytes:\\xNN`` form, so that the byte pieces of one character stay distinct
+    (decoded, every one would be U+FFFD and they would overwrite each other in top_logprobs)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)

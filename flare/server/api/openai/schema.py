@@ -9,7 +9,7 @@ whose sampling settings become :class:`SamplingParams` once the prompt
 length is known. What a request leaves out comes from the served model's
 :class:`GenerationDefaults`, else OpenAI's defaults (``max_tokens``: the model's
 ``max_new_tokens`` clamped to the room the prompt leaves, else the rest of the
-context).
+context; a completion's is at most 16, OpenAI's default there).
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ MAX_NAME_CHARS = 1024  # model names, message names, tool call IDs and function 
 MAX_TOKEN_ID = 2**31 - 1  # token IDs are int32 on the device; the engine checks the vocabulary
 # OpenAI caps completions' integer logprobs at 5; we serve up to the runtime's limit.
 MAX_COMPLETION_LOGPROBS = MAX_TOP_LOGPROBS
+# The legacy completions API's max_tokens when a request leaves it out (OpenAI's documented
+# default, and vLLM's CompletionRequest field default); a model's max_new_tokens may lower it.
+COMPLETION_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ class GenerationRequest:
     prompt: str | list[int] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields but max_tokens
     max_tokens: int | None = None  # None = default_max_tokens, else the rest of the context
-    default_max_tokens: int | None = None  # the model's max_new_tokens, clamped to the room left
+    # the model's max_new_tokens (a completion's: at most 16), clamped to the room left
+    default_max_tokens: int | None = None
     stream: bool = False
     include_usage: bool = False
     tool_choice: ToolChoice = AUTO
@@ -112,6 +116,10 @@ def _check_fields(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
         names = [shorten(key, 64) for key in unknown[:8]]
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         raise _unsupported(f"unsupported field(s): {', '.join(names)}{more}", names[0])
+    # ``user`` identifies the end user to the API provider and changes nothing here, but a
+    # value of another type is a client's mistake, as on OpenAI's API and vLLM's
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise _invalid("'user' must be a string", "user")
 
 
 def _sampling(body: Mapping[str, Any], defaults: GenerationDefaults) -> dict[str, Any]:
@@ -303,8 +311,9 @@ def parse_completion(body: Any, defaults: GenerationDefaults) -> GenerationReque
     stream = _bool(body, "stream")
     sampling = _sampling(body, defaults)
     sampling.update(logprobs=logprobs is not None, top_logprobs=logprobs or 0, grammar=openai_grammar(body))
+    default_max_tokens = min(COMPLETION_MAX_TOKENS, defaults.max_new_tokens or COMPLETION_MAX_TOKENS)
     return GenerationRequest(is_chat=False, model=_model(body), prompt=prompt, sampling=sampling,
-                             max_tokens=_int(body, "max_tokens", 1), default_max_tokens=defaults.max_new_tokens,
+                             max_tokens=_int(body, "max_tokens", 1), default_max_tokens=default_max_tokens,
                              stream=stream, include_usage=_stream_options(body, stream))
 
 
@@ -405,4 +414,7 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
         function = tool.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise _invalid(f"tools[{i}].function must name the function", f"tools[{i}].function")
+        if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
+            raise _invalid(f"tools[{i}].function.parameters must be a JSON Schema object",
+                           f"tools[{i}].function.parameters")
     return tools  # [] stays []: templates that test `tools is not none` see it, as in Transformers
