@@ -1,12 +1,20 @@
 """HTTP admission permits and the frontend worker pool.
 
 HTTP admission is the first bound a generation request meets: at most
-``queue_capacity + max_active`` requests hold a :class:`Permit` at once, and
-the permit is taken when the request head has been read, before its JSON body
-is buffered (a 429 costs no body parsing). A permit lives until the response
-has been written completely, streamed or not, so HTTP capacity also counts
-finished responses that a slow client has not read yet. It is independent of
-the model's own slots (the runtime answers 503 when those are exhausted).
+``queue_capacity + max_active`` requests hold a :class:`Permit` at once. The
+permit is taken once the request has arrived whole, so a client that sends its
+body slowly holds none (80 such connections used to refuse everyone else for
+the request timeout); when every permit is taken the refusal (429) comes as
+soon as the head is read, before any body is buffered. A permit lives until the
+response has been written completely, streamed or not, so HTTP capacity also
+counts finished responses that a slow client has not read yet. It is
+independent of the model's own slots (the runtime answers 503 when those are
+exhausted).
+
+Request bodies are bounded together instead: the bytes of every body held in
+memory (arriving, or of a request not finished yet) count against a
+:class:`BodyBudget` of ``capacity x max_body_bytes``, the most that permits
+taken at the head could ever hold; a body that would pass it is refused (503).
 
 Admitted requests then wait for one of ``frontend_workers`` threads to render
 the chat template and tokenize (CPU work that must stay off the event loop).
@@ -48,9 +56,13 @@ class HttpAdmission:
         self.is_paused = False
         self._idle_waiters: list[asyncio.Future] = []
 
+    @property
+    def is_full(self) -> bool:
+        return self.num_in_use >= self.capacity
+
     def try_acquire(self) -> Permit | None:
         """A permit, or None when every slot is taken (the caller answers 429)."""
-        if self.num_in_use >= self.capacity:
+        if self.is_full:
             self.num_rejected += 1
             return None
         self.num_in_use += 1
@@ -74,6 +86,48 @@ class HttpAdmission:
             return await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except asyncio.TimeoutError:
             return self.num_in_use == 0
+
+
+class BodyShare:
+    """One request's bytes in a :class:`BodyBudget`; ``release`` (idempotent) gives them back."""
+
+    __slots__ = ("_budget", "num_bytes")
+
+    def __init__(self, budget: "BodyBudget"):
+        self._budget: BodyBudget | None = budget
+        self.num_bytes = 0
+
+    def take(self, num_bytes: int) -> bool:
+        """Count ``num_bytes`` more of the body; False (nothing counted) past the budget."""
+        budget = self._budget
+        if budget is None:
+            return True
+        if budget.num_bytes + num_bytes > budget.capacity:
+            budget.num_refused += 1
+            return False
+        budget.num_bytes += num_bytes
+        self.num_bytes += num_bytes
+        return True
+
+    def release(self) -> None:
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget.num_bytes -= self.num_bytes
+            self.num_bytes = 0
+
+
+class BodyBudget:
+    """Bytes of request bodies held at once, across connections; lives on the event loop thread."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"the request body budget must be positive, got {capacity}")
+        self.capacity = capacity
+        self.num_bytes = 0
+        self.num_refused = 0  # bodies refused for the budget (503)
+
+    def share(self) -> BodyShare:
+        return BodyShare(self)
 
 
 class FrontendPool:

@@ -3,9 +3,10 @@
 :class:`ServerState` holds what routes share (engine, config, admission,
 frontend pool, metrics). :class:`Application` implements the protocol's
 :class:`~flare.server.protocol.HttpApp`: after a request head it resolves the
-route, checks the bearer token and, for generation routes, takes an HTTP
-admission permit (429 when none is left, 503 while admission is paused),
-all before the body is read. Route tables are installed per API family
+route, checks the bearer token and, for generation routes, refuses when no
+HTTP admission permit is left (429) or admission is paused (503), all before
+the body is read; the permit itself is taken once the body is whole, and the
+body's bytes count against the server's body budget (server/admission.py). Route tables are installed per API family
 (server/api/*, listed in ``session.FAMILIES``), so new routes slot in without
 touching the protocol. Each route carries its family's :class:`ErrorRenderer`:
 errors decided for a route (auth, admission, anything its handler raises)
@@ -29,7 +30,7 @@ from ..engine.telemetry import EngineStats
 from ..errors import Error
 from ..frontend.parsers import served
 from ..request import GenerationDefaults
-from .admission import FrontendPool, HttpAdmission
+from .admission import BodyBudget, FrontendPool, HttpAdmission
 from .api.openai.errors import error_response as openai_error_response
 from .cors import OriginPolicy
 from .generation import log_request
@@ -96,6 +97,8 @@ class ServerState:
         self.limits = ProtocolLimits(max_header_bytes=config.max_header_bytes, max_url_bytes=config.max_url_bytes,
                                      max_body_bytes=body_limit, request_timeout_s=config.request_timeout_s,
                                      keepalive_timeout_s=config.keepalive_timeout_s)
+        # the bodies the permits could hold if taken at the head, now shared by every request's body
+        self.body_budget = BodyBudget(self.admission.capacity * body_limit)
         self.listen_started: float | None = None  # monotonic
         self.is_draining = False  # shutting down: no new generation requests
         self.generations: set[Any] = set()  # ActiveGenerations, ended with an error event if the grace runs out
@@ -242,16 +245,20 @@ class Application:
                 self._log_refused(route.name, 503, request.received_at, "admission_paused")
                 return self._count(route.errors(503, f"{reason}; not accepting generation requests",
                                                 code="admission_paused", headers=((b"retry-after", b"1"),)))
-            permit = state.admission.try_acquire()
-            if permit is None:
-                admission = state.admission
-                self._log_refused(route.name, 429, request.received_at, "http_capacity_exhausted")
-                return self._count(state.error_for(Error(
-                    f"HTTP admission capacity exhausted: {admission.num_in_use} of {admission.capacity} requests "
-                    f"in progress (queue_capacity + max_active)", status=429, code="http_capacity_exhausted"),
-                    route.errors))
-            request.permit = permit
+            if state.admission.is_full:  # refused before any of the body is read
+                state.admission.num_rejected += 1
+                return self._capacity_exhausted(request)
+        # The permit is taken once the body is whole (handle): a slow body holds bytes, not a permit.
+        request.budget = self.state.body_budget.share()
         return None
+
+    def _capacity_exhausted(self, request: HttpRequest) -> Response:
+        route, admission = request.route, self.state.admission
+        self._log_refused(route.name, 429, request.received_at, "http_capacity_exhausted")
+        return self._count(self.state.error_for(Error(
+            f"HTTP admission capacity exhausted: {admission.num_in_use} of {admission.capacity} requests "
+            f"in progress (queue_capacity + max_active)", status=429, code="http_capacity_exhausted"),
+            route.errors))
 
     def _is_authorized(self, request: HttpRequest) -> bool:
         # RFC 9110 section 11.4: credentials = auth-scheme 1*SP token68, the scheme
@@ -267,6 +274,10 @@ class Application:
 
     def handle(self, request: HttpRequest, conn: HttpConnection) -> "Response | Awaitable[Response | None]":
         route = request.route
+        if route.is_generation and request.permit is None:
+            request.permit = self.state.admission.try_acquire()
+            if request.permit is None:  # taken while this body arrived
+                return self._capacity_exhausted(request)
         try:
             result = route.handler(request, conn)
         except Error as exc:

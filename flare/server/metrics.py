@@ -158,6 +158,13 @@ class _StateCollector:
         yield _gauge("http_admitted", "Requests holding an HTTP admission permit.", admission.num_in_use)
         yield _gauge("http_admission_paused", "1 while admission is paused.", int(admission.is_paused))
         yield _counter("http_rejected", "Generation requests refused for HTTP capacity (429).", admission.num_rejected)
+        bodies = state.body_budget
+        yield _gauge("http_body_bytes", "Bytes of request bodies held (arriving, or of requests not finished).",
+                     bodies.num_bytes)
+        yield _gauge("http_body_budget", "The most request body bytes held at once (HTTP capacity x body limit).",
+                     bodies.capacity)
+        yield _counter("http_body_refused", "Request bodies refused because the body budget was full (503).",
+                       bodies.num_refused)
         yield _counter("http_requests", "HTTP requests answered.", metrics.num_requests)
         yield _counter("http_disconnects", "Generation responses cut short by a client disconnect.",
                        metrics.num_disconnects)

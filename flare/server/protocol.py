@@ -76,7 +76,7 @@ class HttpRequest:
     """One parsed request. ``headers`` keep arrival order with lower-case names."""
 
     __slots__ = ("method", "path", "query", "headers", "host", "body", "http_version", "keep_alive",
-                 "content_length", "received_at", "early_response", "permit", "route", "params",
+                 "content_length", "received_at", "early_response", "permit", "budget", "route", "params",
                  "origin", "response_headers", "_url", "_body_parts", "_body_len")
 
     def __init__(self, received_at: float):
@@ -93,6 +93,8 @@ class HttpRequest:
         self.received_at = received_at
         self.early_response: Response | None = None  # answered without reading the body
         self.permit: Any = None  # an admission permit (anything with release()), set by the app
+        # the body's share of the app's budget (take(num_bytes) -> bool, release()), set by the app
+        self.budget: Any = None
         self.route: Any = None  # the app's resolved route
         self.params: dict[str, str] | None = None
         self.response_headers: tuple[tuple[bytes, bytes], ...] = ()  # the app's, on every response (CORS)
@@ -112,6 +114,9 @@ class HttpRequest:
         permit, self.permit = self.permit, None
         if permit is not None:
             permit.release()
+        budget, self.budget = self.budget, None
+        if budget is not None:
+            budget.release()
 
 
 class HttpApp(Protocol):
@@ -359,6 +364,8 @@ class HttpConnection(asyncio.Protocol):
         if request._body_len > self.limits.max_body_bytes:
             raise self._stop(413, f"request body exceeds the limit of {self.limits.max_body_bytes} bytes")
         if request.early_response is None:  # else read and dropped, so the connection stays usable
+            if request.budget is not None and not request.budget.take(len(body)):
+                raise self._stop(503, "the server holds as many request bodies as it can; try again shortly")
             request._body_parts.append(body)
 
     def on_chunk_header(self) -> None:

@@ -201,7 +201,7 @@ def metric(served: Served, name: str) -> float:
 
 
 IDLE_GAUGES = ("flare_slots_live", "flare_slots_retiring", "flare_requests_pending", "flare_http_admitted",
-               "flare_frontend_busy", "flare_frontend_waiting")
+               "flare_frontend_busy", "flare_frontend_waiting", "flare_http_body_bytes")
 
 
 def metrics(served: Served) -> dict[str, float]:

@@ -76,6 +76,38 @@ def test_http_capacity_429_then_recovers(launcher):
     assert post_json(served, "/v1/chat/completions", {**CHAT, "max_tokens": 2})[0] == 200
 
 
+def _slow_body(served, declared: int, sent: bytes) -> socket.socket:
+    """A generation request whose head and first body bytes arrive, then nothing more."""
+    sock = socket.create_connection(served.host_port)
+    auth = f"Authorization: Bearer {served.api_key}\r\n" if served.api_key else ""
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + auth.encode() + b"Content-Length: %d\r\n\r\n" % declared + sent)
+    return sock
+
+
+def test_slow_bodies_hold_bytes_not_admission_permits(launcher):
+    """Clients that send their bodies slowly (more of them than the HTTP capacity) leave every
+    permit free; the bodies count against the body budget, which refuses past it (503)."""
+    served = launcher(max_active=1, queue_capacity=1, max_body_bytes=4096)  # capacity 2, budget 8,192 bytes
+    assert metric(served, "flare_http_body_budget") == 2 * 4096
+    slow = [_slow_body(served, 100, b'{"mes') for _ in range(5)]
+    _wait_for(lambda: metric(served, "flare_http_body_bytes") == 5 * 5)
+    assert metric(served, "flare_http_admitted") == 0
+    status, payload = post_json(served, "/v1/chat/completions", {**CHAT, "max_tokens": 2})
+    assert status == 200, payload
+    # Bodies near the budget: the next body byte past it is refused, and the budget comes back.
+    big = [_slow_body(served, 4096, b"x" * 4060), _slow_body(served, 4096, b"x" * 4060)]  # 47 bytes left
+    _wait_for(lambda: metric(served, "flare_http_body_bytes") == 5 * 5 + 8120)
+    status, _, raw = request(served, "POST", "/v1/chat/completions", {**CHAT, "max_tokens": 2})
+    assert_error(status, json.loads(raw), 503, "request bodies")
+    assert metric(served, "flare_http_body_refused_total") >= 1
+    for sock in slow + big:
+        sock.close()
+    _wait_for(lambda: metric(served, "flare_http_body_bytes") == 0)
+    assert post_json(served, "/v1/chat/completions", {**CHAT, "max_tokens": 2})[0] == 200
+    assert metric(served, "flare_http_admitted") == 0
+
+
 @pytest.mark.fake_only("the model queue is sized by the fake's --model-queue; the runtime's queue is the core's")
 def test_model_capacity_503_with_hint(launcher, fake_only):
     # HTTP capacity (1 + 4) exceeds what the fake model admits (1 slot + 1 waiting).

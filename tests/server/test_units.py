@@ -12,7 +12,7 @@ from flare.config import ServerConfig
 from flare.engine.telemetry import EngineStats
 from flare.errors import AdmissionError, ExecutionError
 from flare.request import ErrorEvent, FinishEvent, GenerationDefaults, SamplingParams, TokenEvent, Usage
-from flare.server.admission import FrontendPool, HttpAdmission
+from flare.server.admission import BodyBudget, FrontendPool, HttpAdmission
 from flare.server.api.openai.schema import parse_chat, parse_completion
 from flare.server.app import ServerState
 from flare.server.metrics import ENGINE_COUNTERS, ENGINE_GAUGES, TokenRate
@@ -232,6 +232,21 @@ def test_admission_permits_are_counted_and_idempotent():
     assert admission.try_acquire() is not None
     with pytest.raises(ValueError):
         HttpAdmission(0)
+
+
+def test_body_budget_counts_every_share_and_refuses_past_it():
+    budget = BodyBudget(100)
+    first, second = budget.share(), budget.share()
+    assert first.take(60) and second.take(40) and budget.num_bytes == 100
+    assert not second.take(1) and budget.num_refused == 1 and second.num_bytes == 40  # nothing counted
+    first.release()
+    first.release()  # idempotent
+    assert budget.num_bytes == 40 and second.take(60) and budget.num_bytes == 100
+    assert first.take(10**9)  # a released share counts nothing more
+    second.release()
+    assert budget.num_bytes == 0
+    with pytest.raises(ValueError):
+        BodyBudget(0)
 
 
 def test_wait_idle_and_frontend_pool():
