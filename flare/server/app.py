@@ -6,11 +6,12 @@ frontend pool, metrics). :class:`Application` implements the protocol's
 route, checks the bearer token and, for generation routes, refuses when no
 HTTP admission permit is left (429) or admission is paused (503), all before
 the body is read; the permit itself is taken once the body is whole, and the
-body's bytes count against the server's body budget (server/admission.py). Route tables are installed per API family
-(server/api/*, listed in ``session.FAMILIES``), so new routes slot in without
-touching the protocol. Each route carries its family's :class:`ErrorRenderer`:
-errors decided for a route (auth, admission, anything its handler raises)
-answer in that family's shape; errors that belong to no route (unknown path or
+body's bytes count against the server's body budget (server/admission.py).
+Route tables are installed per API family (server/api/*, listed in
+``session.FAMILIES``), so new routes slot in without touching the protocol.
+Each route carries its family's :class:`ErrorRenderer`: errors decided for a
+route (auth, admission, anything its handler raises) answer in that family's
+shape; errors that belong to no route (unknown path or
 method, protocol-level errors) answer in OpenAI's, the default.
 """
 
