@@ -49,6 +49,10 @@ class TimingEstimates:
     def is_measured(self, graph: int) -> bool:
         return self._estimates[graph].value_ns > 0
 
+    def is_seeded(self, graph: int) -> bool:
+        """Whether the estimate is still the seed (timed at load, not by a served step)."""
+        return self._estimates[graph].seeded
+
     def is_stale(self, graph: int, now: float) -> bool:
         e = self._estimates[graph]
         # a seed waits for its graph's first real step, which replaces it: a stale winner would

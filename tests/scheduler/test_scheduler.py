@@ -388,11 +388,13 @@ def test_a_seeded_estimate_is_used_as_measured_until_the_first_observation_repla
     seeds[decode] = 4_000_000
     sched.seed_estimates(seeds)
     assert t.is_measured(decode) and t.estimate_ns(decode) == 4_000_000 and not t.is_stale(decode, clock.now)
+    assert t.is_seeded(decode)
     assert not any(t.is_measured(i) for i in range(len(seeds)) if i != decode), "a zero seed is no estimate"
     assert not t.is_measured(prefill)
     t.observe(decode, 9_000_000, clock.now)
     t.observe(decode, 1_000_000, clock.now)
     assert t.estimate_ns(decode) == 9_000_000  # the median of the two observations: the seed is gone
+    assert not t.is_seeded(decode)
     sched.seed_estimates([5_000_000] * len(seeds))
     assert t.estimate_ns(decode) == 9_000_000, "a seed never overrides what serving measured"
     clock.now += 31
