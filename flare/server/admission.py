@@ -56,14 +56,16 @@ class HttpAdmission:
         self.is_paused = False
         self._idle_waiters: list[asyncio.Future] = []
 
-    @property
-    def is_full(self) -> bool:
-        return self.num_in_use >= self.capacity
+    def refuses(self) -> bool:
+        """Whether every permit is taken; a refusal counts as rejected (the caller answers 429)."""
+        if self.num_in_use < self.capacity:
+            return False
+        self.num_rejected += 1
+        return True
 
     def try_acquire(self) -> Permit | None:
         """A permit, or None when every slot is taken (the caller answers 429)."""
-        if self.is_full:
-            self.num_rejected += 1
+        if self.refuses():
             return None
         self.num_in_use += 1
         return Permit(self)

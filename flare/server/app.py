@@ -246,8 +246,7 @@ class Application:
                 self._log_refused(route.name, 503, request.received_at, "admission_paused")
                 return self._count(route.errors(503, f"{reason}; not accepting generation requests",
                                                 code="admission_paused", headers=((b"retry-after", b"1"),)))
-            if state.admission.is_full:  # refused before any of the body is read
-                state.admission.num_rejected += 1
+            if state.admission.refuses():  # before any of the body is read
                 return self._capacity_exhausted(request)
         # The permit is taken once the body is whole (handle): a slow body holds bytes, not a permit.
         request.budget = self.state.body_budget.share()
