@@ -433,6 +433,26 @@ VARIANTS.update({
     # stores, the merge reads all).
     "full_merge": Variant(attention={"direct_single_split": False}),
 })
+# The balanced decode grid (AttentionLaunch.balanced_programs_per_sm, balanced_min_steps): a fixed
+# grid of programs an SM takes the batch's (row, kv head, split) items, each row's split count
+# chosen on the device from the batch's lengths; "static" is the static splits and their merge.
+VARIANTS.update({
+    f"bal{per_sm}_ms{steps}": Variant(attention={"balanced_programs_per_sm": per_sm, "balanced_min_steps": steps},
+                                      exact=False)
+    for per_sm in (1, 2, 3, 4, 8) for steps in (1, 2, 4, 8)
+})
+VARIANTS.update({
+    f"bal{per_sm}_ms{steps}_s2": Variant(attention={"balanced_programs_per_sm": per_sm, "balanced_min_steps": steps,
+                                                    "balanced_num_stages": 2}, exact=False)
+    for per_sm in (2, 3, 4, 6) for steps in (1, 2, 4, 8)
+})
+VARIANTS.update({
+    f"bal{per_sm}_ms{steps}_r{cap}": Variant(attention={"balanced_programs_per_sm": per_sm,
+                                                        "balanced_min_steps": steps,
+                                                        "balanced_max_registers": cap}, exact=False)
+    for per_sm, cap in ((3, 168), (4, 128)) for steps in (1, 2, 4, 8)
+})
+VARIANTS["static"] = Variant(attention={"balanced_programs_per_sm": 0}, exact=False)
 # Where the wide launches let the next kernel start (GemvConfig.trigger_after_loop) and what
 # they load before their wait (GemvConfig.preload_tiles 0: nothing).
 VARIANTS.update({

@@ -258,6 +258,12 @@ def test_attention_kernels_compile_for_sm90(launches):
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=merge)
     full = replace(kernels.DECODE_LAUNCH, direct_single_split=False)  # every split stored, all merged
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=full)
+    # the balanced grid and its merge (3 rows x 8 kv heads x 12 splits: too many programs for the preload)
+    balanced = replace(kernels.DECODE_LAUNCH, balanced_programs_per_sm=2)
+    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale,
+                                   launch=balanced)
+    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale,
+                                   launch=replace(balanced, preload=False))
     prefill = build_case(kv_lens=[300, 90], q_len=128, num_heads=32, num_kv_heads=8, head_dim=128,
                          max_pages=6, dtype=torch.bfloat16, num_new=[128, 90])
     kernels.paged_prefill_attention(prefill.q, prefill.k_pool, prefill.v_pool, prefill.batch, prefill.scale)
@@ -270,7 +276,8 @@ def test_attention_kernels_compile_for_sm90(launches):
                                   prefill.scale)
     ptx: dict[str, list[str]] = {}
     names = _compile_all(launches, ptx)
-    assert len(names) >= 2, names
+    assert {"_paged_attention_kernel", "_merge_splits_kernel", "_balanced_decode_kernel",
+            "_balanced_merge_kernel"} <= set(names), names
     # The in-kernel merge: a CTA barrier after the partial stores, then one device-scope
     # acq_rel count, and the last split reads the partials from L2.
     merging = [text for text in ptx["_paged_attention_kernel"] if "atom.global.gpu.acq_rel.add" in text]

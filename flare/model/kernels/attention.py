@@ -41,6 +41,7 @@ import triton.language as tl
 from ...config import PAGE_TOKENS
 from ..attention import AttentionBatch, PackedBatch, PackedRows, fresh_sdpa_attention
 from ._common import (
+    INTERPRETED,
     dot_precision,
     next_power_of_2,
     pdl_level,
@@ -392,6 +393,137 @@ def _merge_splits_kernel(
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _balanced_plan(positions_ptr, kv_lens_ptr, s_pb, batch_size, max_pages, min_steps, target_items,
+                   NUM_KV_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_B: tl.constexpr):
+    """Every decode row's split of its keys, from the whole batch's lengths (the balanced
+    launch and its merge compute it alike): per row [BLOCK_B] its visible keys (limit), key
+    steps, steps a split and splits. Rows are cut into splits of about the same number of
+    steps, so that the batch's (row, kv head, split) items number about ``target_items``,
+    never a split under ``min_steps`` steps (a row shorter than that stays whole) and never
+    more than NUM_SPLITS; a padding row is one item (it writes zeros)."""
+    rows = tl.arange(0, BLOCK_B)
+    ok = rows < batch_size
+    position = tl.load(positions_ptr + rows * s_pb, mask=ok, other=-1)
+    kv_len = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + rows, mask=ok, other=0), 0), max_pages * PAGE)
+    limit = tl.where(ok, tl.maximum(tl.minimum(position + 1, kv_len), 0), 0)
+    num_steps = tl.cdiv(limit, BLOCK_N)
+    chunk = tl.maximum(tl.cdiv(tl.sum(num_steps, axis=0) * NUM_KV_HEADS, target_items), min_steps)
+    wanted = tl.minimum(tl.cdiv(num_steps, chunk), NUM_SPLITS)
+    steps_per_split = tl.cdiv(num_steps, tl.maximum(wanted, 1))
+    # Equal splits of steps_per_split leave no split empty: cdiv(num_steps, steps_per_split).
+    splits = tl.where(num_steps > 0, tl.cdiv(num_steps, tl.maximum(steps_per_split, 1)), 1)
+    return limit, num_steps, steps_per_split, tl.where(ok, splits, 0)
+
+
+@triton.jit
+def _pick(values, lanes, lane):
+    """``values[lane]`` of a [BLOCK_B] vector held across the program's threads."""
+    return tl.sum(tl.where(lanes == lane, values, 0), axis=0)
+
+
+@triton.jit
+def _balanced_decode_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+    positions_ptr, page_table_ptr, kv_lens_ptr,
+    qk_scale, batch_size, num_heads, max_pages, num_pool_pages, min_steps, num_programs,
+    s_qb, s_qh, s_ob, s_oh,
+    s_kp, s_kt, s_kh,
+    s_vp, s_vt, s_vh,
+    s_pb, s_tb,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, EARLY_METADATA: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # Decode (Q == 1) on a fixed grid of num_programs: the batch's (row, kv head, split) items,
+    # row by row, are taken in turn (item i by program i % num_programs). A row of one split
+    # is written here, the others' partials by the merge (_balanced_merge_kernel).
+    # EARLY_METADATA: the rows' positions and lengths are read before the PDL wait (no kernel
+    # of the chain writes them: the preload's condition).
+    if not EARLY_METADATA:
+        wait_for_inputs(PDL)
+    lanes = tl.arange(0, BLOCK_B)
+    limit_b, steps_b, per_split_b, splits_b = _balanced_plan(
+        positions_ptr, kv_lens_ptr, s_pb, batch_size, max_pages, min_steps, num_programs,
+        NUM_KV_HEADS, NUM_SPLITS, PAGE, BLOCK_N, BLOCK_B)
+    items_b = splits_b * NUM_KV_HEADS
+    ends_b = tl.cumsum(items_b, axis=0)
+    num_items = tl.sum(items_b, axis=0)
+    if EARLY_METADATA:
+        wait_for_inputs(PDL)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < GROUP  # query row r: head kv_head * GROUP + r of the row's one token
+    token = rows // GROUP
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HEAD_DIM
+    store_ok = row_ok[:, None] & dim_ok[None, :]
+    offs_n = tl.arange(0, BLOCK_N)
+    in_page = offs_n % PAGE
+    for item in range(tl.program_id(0), num_items, num_programs):
+        b = tl.sum((ends_b <= item).to(tl.int32), axis=0)
+        local = item - (_pick(ends_b, lanes, b) - _pick(items_b, lanes, b))
+        kv_head = local % NUM_KV_HEADS
+        split = local // NUM_KV_HEADS
+        num_steps = _pick(steps_b, lanes, b)
+        steps_per_split = _pick(per_split_b, lanes, b)
+        limit = tl.where(row_ok, _pick(limit_b, lanes, b), 0)  # [BLOCK_M]
+        head = kv_head * GROUP + rows % GROUP
+        q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + dims[None, :], mask=store_ok, other=0.0)
+        k_base = k_ptr + kv_head * s_kh
+        v_base = v_ptr + kv_head * s_vh
+        table = page_table_ptr + b * s_tb
+        m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        first = split * steps_per_split
+        for step in range(first, tl.minimum(first + steps_per_split, num_steps)):
+            page = _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
+            k = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, True)
+            prob, alpha, m_i, l_i = _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
+            v = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, True)
+            acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+        has_keys = l_i > 0.0
+        out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        if _pick(splits_b, lanes, b) == 1:
+            tl.store(out_ptr + b * s_ob + head[:, None] * s_oh + dims[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=store_ok)
+        else:
+            _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, 1, token,
+                           num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
+
+
+@triton.jit
+def _balanced_merge_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr, positions_ptr, kv_lens_ptr,
+    batch_size, num_heads, num_rows, max_pages, min_steps, num_programs,
+    s_ob, s_oh, s_pb,
+    NUM_KV_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    EARLY_METADATA: tl.constexpr, PDL: tl.constexpr,
+):
+    # The rows _balanced_decode_kernel split (the same plan from the same metadata), merged
+    # from their splits' partials; rows of one split were written by it.
+    if not EARLY_METADATA:
+        wait_for_inputs(PDL)
+    _, _, _, splits_b = _balanced_plan(positions_ptr, kv_lens_ptr, s_pb, batch_size, max_pages, min_steps,
+                                       num_programs, NUM_KV_HEADS, NUM_SPLITS, PAGE, BLOCK_N, BLOCK_B)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flat (b, head) over [B, H]
+    b = rows // num_heads
+    head = rows % num_heads
+    active = tl.sum(tl.where(b[:, None] == tl.arange(0, BLOCK_B)[None, :], splits_b[None, :], 0), axis=1)
+    row_ok = (rows < num_rows) & (active > 1)
+    if EARLY_METADATA:
+        wait_for_inputs(PDL)
+    dims = tl.arange(0, BLOCK_D)
+    mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
+    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, active, NUM_SPLITS,
+                          HEAD_DIM, "")
+    tl.store(out_ptr + (b * s_ob + head * s_oh)[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
 # Finished-split counters of the in-kernel merge, per device. Each launch leaves them at
 # zero. A larger set replaces a smaller one, which stays alive (graphs captured with it
 # still point at it); none is ever allocated inside a graph capture.
@@ -460,6 +592,19 @@ class AttentionLaunch:
     # Steps every query row of the block sees whole (below the causal diagonal) run
     # without the visibility mask (prefill; a decode row's steps are all but the last).
     unmasked_steps: bool = False
+    # Decode grids too large for the preload: a fixed grid of this many programs an SM takes
+    # the batch's (row, kv head, split) items in turn, each row's split count chosen on the
+    # device from the batch's lengths (_balanced_plan), so short rows take one split and no
+    # merge, and long rows as many as fill the grid. 0: the static splits (choose_num_splits)
+    # with their merge.
+    balanced_programs_per_sm: int = 0
+    # The balanced launch splits no row into parts of fewer key steps (64-key pages) than this.
+    balanced_min_steps: int = 4
+    # Its software pipeline and register cap (ptxas -maxnreg; 0: the compiler's choice). sm_90,
+    # Llama-3-8B heads: 255 registers at 3 stages uncapped (two programs an SM), 168 at 2
+    # stages (three); capped at 168, 3 stages spill 8 bytes.
+    balanced_num_stages: int = 3
+    balanced_max_registers: int = 0
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -522,6 +667,15 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
         out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
     require(tuple(out.shape) == (b, nq, h, d) and out.dtype == q.dtype and out.stride(3) == 1, kernel,
             f"out must be a [B, Q, H, D] = {(b, nq, h, d)} {q.dtype} view with contiguous heads")
+    programs = num_blocks * b * hkv * num_splits
+    require(launch.min_split_steps >= 1, kernel, f"min_split_steps must be at least 1, got {launch.min_split_steps}")
+    min_steps = launch.min_split_steps if nq == 1 and 2 * num_blocks * b * hkv >= sm_count(q.device) else 1
+    # Only a row's own key may land after the preload; a verification row's earlier positions
+    # in the round are written by this step too (AttentionBatch.keys_this_step).
+    preload = launch.preload and nq == 1 and batch.keys_this_step == 1 \
+        and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
+    if nq == 1 and not preload and launch.balanced_programs_per_sm > 0 and not launch.merge_in_kernel:
+        return _launch_balanced(q, k_pool, v_pool, batch, scale, launch, num_splits, out)
     counters = _counters(q.device, num_blocks * b * hkv) if num_splits > 1 and launch.merge_in_kernel else None
     if num_splits > 1:
         part_o = torch.empty((num_splits, b, nq, h, d), dtype=torch.float32, device=q.device)
@@ -531,13 +685,6 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     block_d = max(16, next_power_of_2(d))
     pos, table = batch.positions, batch.page_table
     pdl = pdl_level(q)
-    programs = num_blocks * b * hkv * num_splits
-    require(launch.min_split_steps >= 1, kernel, f"min_split_steps must be at least 1, got {launch.min_split_steps}")
-    min_steps = launch.min_split_steps if nq == 1 and 2 * num_blocks * b * hkv >= sm_count(q.device) else 1
-    # Only a row's own key may land after the preload; a verification row's earlier positions
-    # in the round are written by this step too (AttentionBatch.keys_this_step).
-    preload = launch.preload and nq == 1 and batch.keys_this_step == 1 \
-        and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
     # Split decode rows whose keys one split holds skip the partials and the merge.
     decode_direct = launch.direct_single_split and num_splits > 1 and nq == 1 and counters is None
     _paged_attention_kernel[(num_blocks, b * hkv, num_splits)](
@@ -564,6 +711,49 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
             NUM_SPLITS=num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=block_r, PAGE=PAGE_TOKENS,
             BLOCK_N=PAGE_TOKENS * launch.pages_per_step, DECODE_DIRECT=decode_direct,
             EARLY_METADATA=decode_direct and launch.preload and batch.keys_this_step == 1, PDL=pdl, num_warps=4,
+            **pdl_options(pdl),
+        )
+    return out
+
+
+def _launch_balanced(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: AttentionBatch,
+                     scale: float, launch: AttentionLaunch, num_splits: int, out: torch.Tensor) -> torch.Tensor:
+    """Decode attention on the balanced grid (AttentionLaunch.balanced_programs_per_sm): at most
+    ``num_splits`` splits a row, the count chosen on the device; then the merge of split rows."""
+    b, _, h, d = q.shape
+    num_pages, _, hkv, _ = k_pool.shape
+    group = h // hkv
+    max_pages = batch.page_table.shape[1]
+    require(launch.balanced_min_steps >= 1, "paged_decode_attention",
+            f"balanced_min_steps must be at least 1, got {launch.balanced_min_steps}")
+    programs = max(1, min(b * hkv * num_splits, launch.balanced_programs_per_sm * sm_count(q.device)))
+    part_o = torch.empty((num_splits, b, 1, h, d), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((num_splits, b, 1, h), dtype=torch.float32, device=q.device)
+    block_d, block_b = max(16, next_power_of_2(d)), max(16, next_power_of_2(b))
+    block_n = PAGE_TOKENS * launch.pages_per_step
+    pos, table = batch.positions, batch.page_table
+    pdl = pdl_level(q)
+    early = launch.preload and batch.keys_this_step == 1
+    _balanced_decode_kernel[(programs,)](
+        q, k_pool, v_pool, out, part_o, part_lse, pos, table, batch.kv_lens,
+        float(scale) * LOG2_E, b, h, max_pages, num_pages, launch.balanced_min_steps, programs,
+        q.stride(0), q.stride(2), out.stride(0), out.stride(2),
+        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+        pos.stride(0), table.stride(0),
+        NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=max(16, next_power_of_2(group)),
+        BLOCK_B=block_b, PAGE=PAGE_TOKENS, PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), EARLY_METADATA=early, PDL=pdl,
+        num_warps=launch.num_warps, num_stages=launch.balanced_num_stages, **pdl_options(pdl),
+        **({"maxnreg": launch.balanced_max_registers} if launch.balanced_max_registers and not INTERPRETED else {}),
+    )
+    if num_splits > 1:
+        rows = b * h
+        _balanced_merge_kernel[(triton.cdiv(rows, MERGE_ROWS),)](
+            part_o, part_lse, out, pos, batch.kv_lens, b, h, rows, max_pages, launch.balanced_min_steps, programs,
+            out.stride(0), out.stride(2), pos.stride(0),
+            NUM_KV_HEADS=hkv, NUM_SPLITS=num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=MERGE_ROWS,
+            BLOCK_B=block_b, PAGE=PAGE_TOKENS, BLOCK_N=block_n, EARLY_METADATA=early, PDL=pdl, num_warps=4,
             **pdl_options(pdl),
         )
     return out

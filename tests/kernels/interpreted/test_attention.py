@@ -168,6 +168,78 @@ def test_decode_reads_only_the_splits_holding_keys(monkeypatch, min_steps):
     assert torch.equal(got, paged_decode_attention(*args, num_splits=4, launch=launch)), "same bits unpoisoned"
 
 
+@pytest.mark.parametrize("min_steps", [1, 4])
+def test_decode_balanced_grid(monkeypatch, min_steps):
+    """The balanced decode grid (AttentionLaunch.balanced_programs_per_sm): two SMs, eight programs
+    each, take the (row, kv head, split) items of the batch in turn. The rows' 1 + 0 + 1 + 2 +
+    3 + 10 steps over two kv heads ask for 34 items of 16 programs: at most 3 steps an item
+    (min_steps 1: the long row in four splits, as the static launch of four splits cuts it) or
+    4 (three splits); the short rows stay whole, written directly, and are what the unsplit
+    kernel gives. The partials start as NaN: a merge reading a split that stored nothing shows."""
+    from dataclasses import replace
+
+    from flare.model.kernels import DECODE_LAUNCH, attention
+
+    monkeypatch.setattr(attention, "sm_count", lambda device: 2)
+    case = build_case(kv_lens=[1, 0, 64, 65, 190, 600], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
+                      max_pages=10, dtype=torch.bfloat16, seed=6, padding_rows=(1,))
+    args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
+    kernel = attention._balanced_decode_kernel
+    original = kernel.run
+    grids = []
+
+    def poisoned(*a, **kw):
+        a[4].fill_(float("nan"))  # part_o
+        a[5].fill_(float("nan"))  # part_lse
+        grids.append(kw["grid"])
+        return original(*a, **kw)
+
+    launch = replace(DECODE_LAUNCH, balanced_programs_per_sm=8, balanced_min_steps=min_steps, preload=False)
+    monkeypatch.setattr(kernel, "run", poisoned)
+    got = paged_decode_attention(*args, num_splits=4, launch=launch)
+    monkeypatch.setattr(kernel, "run", original)
+    assert grids == [(16,)], grids
+    assert not torch.isnan(got).any(), "a split that stored no partial was merged"
+    check_attention(f"paged_decode_attention (balanced, min {min_steps} steps)", got, case)
+    unsplit = paged_decode_attention(*args, num_splits=1)
+    assert torch.equal(got[:5], unsplit[:5]), "a row of one split must be what the unsplit kernel gives"
+    if min_steps == 1:  # 10 steps as 3 + 3 + 3 + 1: the static launch's four splits, merged alike
+        static = paged_decode_attention(*args, num_splits=4, launch=replace(launch, balanced_programs_per_sm=0))
+        assert torch.equal(got[5], static[5])
+    # Fewer programs than items: each takes several in turn; every row fits one program's share.
+    few = paged_decode_attention(*args, num_splits=4, launch=replace(launch, balanced_programs_per_sm=1))
+    assert torch.equal(few, unsplit)
+    with pytest.raises(KernelInputError, match="balanced_min_steps"):
+        paged_decode_attention(*args, num_splits=4, launch=replace(launch, balanced_min_steps=0))
+
+
+def test_decode_balanced_grid_only_where_the_preload_is_not():
+    """Decode grids that fit the GPU at once keep the preloading kernel; larger ones, a MIXED
+    step's decode cohort and verification rows take the balanced grid when it is on."""
+    from dataclasses import replace
+
+    from flare.model.kernels import DECODE_LAUNCH, attention
+
+    launch = replace(DECODE_LAUNCH, balanced_programs_per_sm=2)
+    small = build_case(kv_lens=[3, 130], q_len=1, num_heads=8, num_kv_heads=2, head_dim=32, max_pages=3,
+                       dtype=torch.bfloat16, seed=14)
+    big = build_case(kv_lens=[70] * 40, q_len=1, num_heads=8, num_kv_heads=2, head_dim=32, max_pages=2,
+                     dtype=torch.bfloat16, seed=15)
+    ran = []
+    kernels = (attention._paged_attention_kernel, attention._balanced_decode_kernel)
+    originals = [k.run for k in kernels]
+    try:
+        for k, original in zip(kernels, originals):
+            k.run = (lambda name, run: lambda *a, **kw: ran.append(name) or run(*a, **kw))(k.fn.__name__, original)
+        for case in (small, big):
+            out = paged_decode_attention(case.q, case.k_pool, case.v_pool, case.batch, case.scale, num_splits=4,
+                                         launch=launch)
+            check_attention("paged_decode_attention (balanced where the preload is not)", out, case)
+    finally:
+        for k, original in zip(kernels, originals):
+            k.run = original
+    assert ran == ["_paged_attention_kernel", "_balanced_decode_kernel"], ran
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_splits", [1, 4], ids=["splits1", "splits4"])
 def test_prefill_chunk_over_cached_prefix(dtype, num_splits):
