@@ -452,6 +452,9 @@ VARIANTS.update({
                                                         "balanced_max_registers": cap}, exact=False)
     for per_sm, cap in ((3, 168), (4, 128)) for steps in (1, 2, 4, 8)
 })
+VARIANTS.update({f"{name}_mik": Variant(attention={**VARIANTS[name].attention, "balanced_merge_in_kernel": True},
+                                        exact=False)
+                 for name in ("bal2_ms4", "bal2_ms1", "bal3_ms4_r168", "bal3_ms1_r168", "bal4_ms4_r128")})
 VARIANTS["static"] = Variant(attention={"balanced_programs_per_sm": 0}, exact=False)
 # Where the wide launches let the next kernel start (GemvConfig.trigger_after_loop) and what
 # they load before their wait (GemvConfig.preload_tiles 0: nothing).

@@ -333,14 +333,14 @@ def test_decode_direct_rows_graph_replay(b, min_steps):
         assert torch.equal(out, full), f"B={b} replay {step}: differs from the full merge"
         check_attention(f"direct rows B={b} min {min_steps} replay {step}", out, case)
 
-@pytest.mark.parametrize("per_sm, stages", [(2, 3), (3, 2)])
+@pytest.mark.parametrize("per_sm, stages, merge_in_kernel", [(2, 3, False), (3, 2, False), (2, 3, True)])
 @pytest.mark.parametrize("b", [4, 16, 64])
-def test_decode_balanced_grid_graph_replay(b, per_sm, stages):
+def test_decode_balanced_grid_graph_replay(b, per_sm, stages, merge_in_kernel):
     """The balanced decode grid (each row's split count chosen on the device) on one captured
     graph as the rows' lengths change (long rows split and merged, short ones whole): the
     reference on every replay, and the same output replay after replay of the same lengths."""
     launch = replace(DECODE_LAUNCH, balanced_programs_per_sm=per_sm, balanced_min_steps=4,
-                     balanced_num_stages=stages)
+                     balanced_num_stages=stages, balanced_merge_in_kernel=merge_in_kernel)
     for step, out, args, case in _split_replays(b, launch, seed=15):
         check_attention(f"balanced B={b} replay {step}", out, case)
         assert torch.equal(out, paged_decode_attention(*args, launch=launch)), f"B={b} replay {step}: eager differs"

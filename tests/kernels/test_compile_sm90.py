@@ -264,6 +264,8 @@ def test_attention_kernels_compile_for_sm90(launches):
                                    launch=balanced)
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale,
                                    launch=replace(balanced, preload=False))
+    kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale,
+                                   launch=replace(balanced, balanced_merge_in_kernel=True))
     prefill = build_case(kv_lens=[300, 90], q_len=128, num_heads=32, num_kv_heads=8, head_dim=128,
                          max_pages=6, dtype=torch.bfloat16, num_new=[128, 90])
     kernels.paged_prefill_attention(prefill.q, prefill.k_pool, prefill.v_pool, prefill.batch, prefill.scale)
@@ -280,13 +282,14 @@ def test_attention_kernels_compile_for_sm90(launches):
             "_balanced_merge_kernel"} <= set(names), names
     # The in-kernel merge: a CTA barrier after the partial stores, then one device-scope
     # acq_rel count, and the last split reads the partials from L2.
-    merging = [text for text in ptx["_paged_attention_kernel"] if "atom.global.gpu.acq_rel.add" in text]
-    for text in merging:
-        body = text[text.index(".entry"):]
-        count = body.index("atom.global.gpu.acq_rel.add")
-        assert "bar.sync" in body[:count] and "ld.global.cg" in body[count:], \
-            "the in-kernel merge lost its barrier, its ordered count or its L2 reads"
-    assert merging, "no in-kernel merge was compiled"
+    for name in ("_paged_attention_kernel", "_balanced_decode_kernel"):
+        merging = [text for text in ptx[name] if "atom.global.gpu.acq_rel.add" in text]
+        for text in merging:
+            body = text[text.index(".entry"):]
+            count = body.index("atom.global.gpu.acq_rel.add")
+            assert "bar.sync" in body[:count] and "ld.global.cg" in body[count:], \
+                f"{name}: the in-kernel merge lost its barrier, its ordered count or its L2 reads"
+        assert merging, f"{name}: no in-kernel merge was compiled"
 
 
 def test_token_choice_kernels_compile_for_sm90(launches):

@@ -425,7 +425,7 @@ def _pick(values, lanes, lane):
 
 @triton.jit
 def _balanced_decode_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
     positions_ptr, page_table_ptr, kv_lens_ptr,
     qk_scale, batch_size, num_heads, max_pages, num_pool_pages, min_steps, num_programs,
     s_qb, s_qh, s_ob, s_oh,
@@ -435,11 +435,13 @@ def _balanced_decode_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, EARLY_METADATA: tl.constexpr,
-    PDL: tl.constexpr,
+    MERGE_IN_KERNEL: tl.constexpr, PDL: tl.constexpr,
 ):
     # Decode (Q == 1) on a fixed grid of num_programs: the batch's (row, kv head, split) items,
     # row by row, are taken in turn (item i by program i % num_programs). A row of one split
-    # is written here, the others' partials by the merge (_balanced_merge_kernel).
+    # is written here, the others' partials by the merge (_balanced_merge_kernel), or with
+    # MERGE_IN_KERNEL by the split that stores its partial last (counted at counter_ptr, one
+    # counter a (row, kv head), as _paged_attention_kernel's in-kernel merge).
     # EARLY_METADATA: the rows' positions and lengths are read before the PDL wait (no kernel
     # of the chain writes them: the preload's condition).
     if not EARLY_METADATA:
@@ -486,12 +488,22 @@ def _balanced_decode_kernel(
             acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
         has_keys = l_i > 0.0
         out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-        if _pick(splits_b, lanes, b) == 1:
-            tl.store(out_ptr + b * s_ob + head[:, None] * s_oh + dims[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=store_ok)
+        row_splits = _pick(splits_b, lanes, b)
+        out_rows = out_ptr + b * s_ob + head[:, None] * s_oh + dims[None, :]
+        if row_splits == 1:
+            tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=store_ok)
         else:
             _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, 1, token,
                            num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
+            if MERGE_IN_KERNEL:
+                tl.debug_barrier()
+                counter = counter_ptr + b * NUM_KV_HEADS + kv_head
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == row_splits - 1:
+                    flat = b * num_heads + head
+                    merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, batch_size * num_heads, dims,
+                                             store_ok, tl.zeros_like(flat) + row_splits, NUM_SPLITS, HEAD_DIM, ".cg")
+                    tl.store(out_rows, merged.to(out_ptr.dtype.element_ty), mask=store_ok)
+                    tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 @triton.jit
@@ -605,6 +617,8 @@ class AttentionLaunch:
     # stages (three); capped at 168, 3 stages spill 8 bytes.
     balanced_num_stages: int = 3
     balanced_max_registers: int = 0
+    # Split rows merged by their last split to finish (no merge kernel in the chain).
+    balanced_merge_in_kernel: bool = False
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -734,8 +748,11 @@ def _launch_balanced(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     pos, table = batch.positions, batch.page_table
     pdl = pdl_level(q)
     early = launch.preload and batch.keys_this_step == 1
+    # None inside a capture that would need new counters: the merge kernel then
+    counters = _counters(q.device, b * hkv) if num_splits > 1 and launch.balanced_merge_in_kernel else None
     _balanced_decode_kernel[(programs,)](
-        q, k_pool, v_pool, out, part_o, part_lse, pos, table, batch.kv_lens,
+        q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out, pos, table,
+        batch.kv_lens,
         float(scale) * LOG2_E, b, h, max_pages, num_pages, launch.balanced_min_steps, programs,
         q.stride(0), q.stride(2), out.stride(0), out.stride(2),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
@@ -743,11 +760,12 @@ def _launch_balanced(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
         pos.stride(0), table.stride(0),
         NUM_KV_HEADS=hkv, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=max(16, next_power_of_2(group)),
         BLOCK_B=block_b, PAGE=PAGE_TOKENS, PAGES_PER_STEP=launch.pages_per_step, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), EARLY_METADATA=early, PDL=pdl,
+        NUM_SPLITS=num_splits, PRECISION=dot_precision(q.dtype), EARLY_METADATA=early,
+        MERGE_IN_KERNEL=counters is not None, PDL=pdl,
         num_warps=launch.num_warps, num_stages=launch.balanced_num_stages, **pdl_options(pdl),
         **({"maxnreg": launch.balanced_max_registers} if launch.balanced_max_registers and not INTERPRETED else {}),
     )
-    if num_splits > 1:
+    if num_splits > 1 and counters is None:
         rows = b * h
         _balanced_merge_kernel[(triton.cdiv(rows, MERGE_ROWS),)](
             part_o, part_lse, out, pos, batch.kv_lens, b, h, rows, max_pages, launch.balanced_min_steps, programs,

@@ -209,6 +209,11 @@ def test_decode_balanced_grid(monkeypatch, min_steps):
     # Fewer programs than items: each takes several in turn; every row fits one program's share.
     few = paged_decode_attention(*args, num_splits=4, launch=replace(launch, balanced_programs_per_sm=1))
     assert torch.equal(few, unsplit)
+    # The last split of a row to finish merging it: the merge kernel's bits, the counters back at zero.
+    for _ in range(2):
+        merged = paged_decode_attention(*args, num_splits=4, launch=replace(launch, balanced_merge_in_kernel=True))
+        assert torch.equal(merged, got)
+    assert all(int(t.abs().sum()) == 0 for held in attention._COUNTERS.values() for t in held)
     with pytest.raises(KernelInputError, match="balanced_min_steps"):
         paged_decode_attention(*args, num_splits=4, launch=replace(launch, balanced_min_steps=0))
 
