@@ -313,7 +313,7 @@ def test_decode_merge_in_kernel_graph_replay(b):
 def test_decode_min_split_steps_graph_replay(b, merge_in_kernel):
     """A minimum of steps a split (AttentionLaunch.min_split_steps) on one captured graph as
     the rows' lengths change: short rows take one split, long rows all of them."""
-    launch = replace(DECODE_LAUNCH, min_split_steps=4, merge_in_kernel=merge_in_kernel)
+    launch = replace(DECODE_LAUNCH, min_split_steps=4, merge_in_kernel=merge_in_kernel, balanced_programs_per_sm=0)
     for step, out, args, case in _split_replays(b, launch, seed=13):
         check_attention(f"min 4 steps a split B={b} replay {step}", out, case)
         if step == 1:  # every row within one split: the unsplit kernel's output
@@ -327,7 +327,7 @@ def test_decode_direct_rows_graph_replay(b, min_steps):
     """Split decode rows that one split holds (written by it, skipped by the merge) and rows
     merged from only the splits holding keys give, on every replay of one graph as the
     lengths change, what every split storing a partial and the merge reading all gives."""
-    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, direct_single_split=True)
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, direct_single_split=True, balanced_programs_per_sm=0)
     for step, out, args, case in _split_replays(b, launch, seed=14):
         full = paged_decode_attention(*args, launch=replace(launch, direct_single_split=False))
         assert torch.equal(out, full), f"B={b} replay {step}: differs from the full merge"

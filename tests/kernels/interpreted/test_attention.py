@@ -80,7 +80,8 @@ def test_decode_min_split_steps(monkeypatch, min_steps, merge_in_kernel):
     case = build_case(kv_lens=[1, 0, 64, 65, 190, 600], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
                       max_pages=10, dtype=torch.bfloat16, seed=6, padding_rows=(1,))
     args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
-    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, merge_in_kernel=merge_in_kernel)
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, merge_in_kernel=merge_in_kernel,
+                     balanced_programs_per_sm=0)
     got = paged_decode_attention(*args, num_splits=4, launch=launch)
     check_attention(f"paged_decode_attention (min {min_steps} steps a split)", got, case)
     # A row no longer than one split's minimum runs in one split: what the unsplit kernel gives.
@@ -104,7 +105,7 @@ def test_decode_preload_matches_the_plain_kernel(pages_per_step):
     case = build_case(kv_lens=[3, 0, 130, 380], q_len=1, num_heads=8, num_kv_heads=2, head_dim=64,
                       max_pages=6, dtype=torch.bfloat16, seed=5, padding_rows=(1,))
     args = (case.q, case.k_pool, case.v_pool, case.batch, case.scale)
-    plain = replace(DECODE_LAUNCH, preload=False, pages_per_step=pages_per_step)
+    plain = replace(DECODE_LAUNCH, preload=False, pages_per_step=pages_per_step, balanced_programs_per_sm=0)
     for splits in (1, 2, MAX_SPLITS):
         want = paged_decode_attention(*args, num_splits=splits, launch=plain)
         got = paged_decode_attention(*args, num_splits=splits, launch=replace(plain, preload=True))
@@ -156,7 +157,7 @@ def test_decode_reads_only_the_splits_holding_keys(monkeypatch, min_steps):
         a[5].fill_(float("nan"))  # part_lse
         return original(*a, **kw)
 
-    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, direct_single_split=True)
+    launch = replace(DECODE_LAUNCH, min_split_steps=min_steps, direct_single_split=True, balanced_programs_per_sm=0)
     monkeypatch.setattr(kernel, "run", poisoned)
     got = paged_decode_attention(*args, num_splits=4, launch=launch)
     monkeypatch.setattr(kernel, "run", original)
