@@ -608,7 +608,8 @@ class AttentionLaunch:
     # the batch's (row, kv head, split) items in turn, each row's split count chosen on the
     # device from the batch's lengths (_balanced_plan), so short rows take one split and no
     # merge, and long rows as many as fill the grid. 0: the static splits (choose_num_splits)
-    # with their merge.
+    # with their merge. Off: on an H100 (2026-12-07) it tied them at 8-64 rows over 192 keys
+    # and lost 2.4-3.0% at batch 64 over 1,024 (TUNING.md, "Balanced decode grid").
     balanced_programs_per_sm: int = 0
     # The balanced launch splits no row into parts of fewer key steps (64-key pages) than this.
     balanced_min_steps: int = 4
