@@ -195,12 +195,9 @@ def _paged_attention_kernel(
             prob, alpha, m_i, l_i = _visible_scores(q, k, m_i, l_i, qk_scale, PRECISION)
             v = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, True)
             acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
-    for step in range(masked_from, last):
-        page = _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
-        k = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, True)
-        prob, alpha, m_i, l_i = _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
-        v = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, True)
-        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+    m_i, l_i, acc = _masked_steps(q, k_base, v_base, table, masked_from, last, limit, m_i, l_i, acc, offs_n, in_page,
+                                  dims, dim_ok, max_pages, num_pool_pages, qk_scale, s_kp, s_kt, s_vp, s_vt, PAGE,
+                                  PAGES_PER_STEP, BLOCK_N, PRECISION)
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -313,6 +310,21 @@ def _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def _masked_steps(q, k_base, v_base, table, start, end, limit, m_i, l_i, acc, offs_n, in_page, dims, dim_ok, max_pages,
+                  num_pool_pages, qk_scale, s_kp, s_kt, s_vp, s_vt, PAGE: tl.constexpr, PAGES_PER_STEP: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Online-softmax steps ``start .. end - 1``, each key masked to the query rows' ``limit``:
+    the running max, sum and accumulator after them."""
+    for step in range(start, end):
+        page = _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
+        k = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, True)
+        prob, alpha, m_i, l_i = _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
+        v = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, True)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _visible_scores(q, k, m_i, l_i, qk_scale, PRECISION: tl.constexpr):
     """:func:`_scores` over a step whose keys every row sees (no mask)."""
     s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
@@ -356,6 +368,18 @@ def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask
 
 
 @triton.jit
+def _store_merged(part_o_ptr, part_lse_ptr, out_at, rows, row_ok, num_rows, active, NUM_SPLITS: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Flat rows ``rows`` merged from their first ``active`` splits' partials, stored at each
+    row's output ``out_at`` (a pointer a row)."""
+    dims = tl.arange(0, BLOCK_D)
+    mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
+    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, active, NUM_SPLITS,
+                          HEAD_DIM, "")
+    tl.store(out_at[:, None] + dims[None, :], out.to(out_at.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _merge_splits_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, positions_ptr, kv_lens_ptr,
     num_queries, num_heads, num_rows, max_pages, min_steps,
@@ -385,12 +409,8 @@ def _merge_splits_kernel(
         active = tl.full(rows.shape, NUM_SPLITS, dtype=tl.int32)
     if EARLY_METADATA:
         wait_for_inputs(PDL)
-    dims = tl.arange(0, BLOCK_D)
-    mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, active, NUM_SPLITS,
-                          HEAD_DIM, "")
-    tl.store(out_ptr + (b * s_ob + token * s_oq + head * s_oh)[:, None] + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_merged(part_o_ptr, part_lse_ptr, out_ptr + (b * s_ob + token * s_oq + head * s_oh), rows, row_ok, num_rows,
+                  active, NUM_SPLITS, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -480,12 +500,9 @@ def _balanced_decode_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         first = split * steps_per_split
-        for step in range(first, tl.minimum(first + steps_per_split, num_steps)):
-            page = _step_pages(table, step, offs_n, max_pages, num_pool_pages, PAGE, PAGES_PER_STEP)
-            k = _load_keys(k_base, page, in_page, dims, dim_ok, s_kp, s_kt, True)
-            prob, alpha, m_i, l_i = _scores(q, k, step, limit, m_i, l_i, offs_n, qk_scale, BLOCK_N, PRECISION)
-            v = _load_values(v_base, page, in_page, dims, dim_ok, s_vp, s_vt, True)
-            acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+        m_i, l_i, acc = _masked_steps(q, k_base, v_base, table, first, tl.minimum(first + steps_per_split, num_steps),
+                                      limit, m_i, l_i, acc, offs_n, in_page, dims, dim_ok, max_pages, num_pool_pages,
+                                      qk_scale, s_kp, s_kt, s_vp, s_vt, PAGE, PAGES_PER_STEP, BLOCK_N, PRECISION)
         has_keys = l_i > 0.0
         out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
         row_splits = _pick(splits_b, lanes, b)
@@ -528,12 +545,8 @@ def _balanced_merge_kernel(
     row_ok = (rows < num_rows) & (active > 1)
     if EARLY_METADATA:
         wait_for_inputs(PDL)
-    dims = tl.arange(0, BLOCK_D)
-    mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
-    out = _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask, active, NUM_SPLITS,
-                          HEAD_DIM, "")
-    tl.store(out_ptr + (b * s_ob + head * s_oh)[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=mask)
+    _store_merged(part_o_ptr, part_lse_ptr, out_ptr + (b * s_ob + head * s_oh), rows, row_ok, num_rows, active,
+                  NUM_SPLITS, HEAD_DIM, BLOCK_D)
 
 
 # Finished-split counters of the in-kernel merge, per device. Each launch leaves them at
