@@ -436,25 +436,22 @@ VARIANTS.update({
 # The balanced decode grid (AttentionLaunch.balanced_programs_per_sm, balanced_min_steps): a fixed
 # grid of programs an SM takes the batch's (row, kv head, split) items, each row's split count
 # chosen on the device from the batch's lengths; "static" is the static splits and their merge.
-VARIANTS.update({
-    f"bal{per_sm}_ms{steps}": Variant(attention={"balanced_programs_per_sm": per_sm, "balanced_min_steps": steps},
-                                      exact=False)
-    for per_sm in (1, 2, 3, 4, 8) for steps in (1, 2, 4, 8)
-})
-VARIANTS.update({
-    f"bal{per_sm}_ms{steps}_s2": Variant(attention={"balanced_programs_per_sm": per_sm, "balanced_min_steps": steps,
-                                                    "balanced_num_stages": 2}, exact=False)
-    for per_sm in (2, 3, 4, 6) for steps in (1, 2, 4, 8)
-})
-VARIANTS.update({
-    f"bal{per_sm}_ms{steps}_r{cap}": Variant(attention={"balanced_programs_per_sm": per_sm,
-                                                        "balanced_min_steps": steps,
-                                                        "balanced_max_registers": cap}, exact=False)
-    for per_sm, cap in ((3, 168), (4, 128)) for steps in (1, 2, 4, 8)
-})
-VARIANTS.update({f"{name}_mik": Variant(attention={**VARIANTS[name].attention, "balanced_merge_in_kernel": True},
-                                        exact=False)
-                 for name in ("bal2_ms4", "bal2_ms1", "bal3_ms4_r168", "bal3_ms1_r168", "bal4_ms4_r128")})
+
+
+def _balanced(per_sm: int, steps: int, stages: int = 3, cap: int = 0, merge: bool = False) -> tuple[str, Variant]:
+    """The variant name (bal<per_sm>_ms<steps>[_s2][_r<cap>][_mik]) and its launch fields."""
+    name = f"bal{per_sm}_ms{steps}" + (f"_s{stages}" if stages != 3 else "") + (f"_r{cap}" if cap else "") \
+        + ("_mik" if merge else "")
+    return name, Variant(attention={"balanced_programs_per_sm": per_sm, "balanced_min_steps": steps,
+                                    "balanced_num_stages": stages, "balanced_max_registers": cap,
+                                    "merge_in_kernel": merge}, exact=False)
+
+
+VARIANTS.update(_balanced(per_sm, steps) for per_sm in (1, 2, 3, 4, 8) for steps in (1, 2, 4, 8))
+VARIANTS.update(_balanced(per_sm, steps, stages=2) for per_sm in (2, 3, 4, 6) for steps in (1, 2, 4, 8))
+VARIANTS.update(_balanced(per_sm, steps, cap=cap) for per_sm, cap in ((3, 168), (4, 128)) for steps in (1, 2, 4, 8))
+VARIANTS.update(_balanced(per_sm, steps, cap=cap, merge=True)
+                for per_sm, steps, cap in ((2, 4, 0), (2, 1, 0), (3, 4, 168), (3, 1, 168), (4, 4, 128)))
 VARIANTS["static"] = Variant(attention={"balanced_programs_per_sm": 0}, exact=False)
 # Where the wide launches let the next kernel start (GemvConfig.trigger_after_loop) and what
 # they load before their wait (GemvConfig.preload_tiles 0: nothing).

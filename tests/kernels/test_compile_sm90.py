@@ -254,7 +254,7 @@ def test_attention_kernels_compile_for_sm90(launches):
                         max_pages=12, dtype=torch.bfloat16)
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale)
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, num_splits=1)
-    merge = replace(kernels.DECODE_LAUNCH, merge_in_kernel=True)
+    merge = replace(kernels.DECODE_LAUNCH, merge_in_kernel=True, balanced_programs_per_sm=0)
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=merge)
     full = replace(kernels.DECODE_LAUNCH, direct_single_split=False)  # every split stored, all merged
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale, launch=full)
@@ -265,7 +265,7 @@ def test_attention_kernels_compile_for_sm90(launches):
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale,
                                    launch=replace(balanced, preload=False))
     kernels.paged_decode_attention(decode.q, decode.k_pool, decode.v_pool, decode.batch, decode.scale,
-                                   launch=replace(balanced, balanced_merge_in_kernel=True))
+                                   launch=replace(balanced, merge_in_kernel=True))
     prefill = build_case(kv_lens=[300, 90], q_len=128, num_heads=32, num_kv_heads=8, head_dim=128,
                          max_pages=6, dtype=torch.bfloat16, num_new=[128, 90])
     kernels.paged_prefill_attention(prefill.q, prefill.k_pool, prefill.v_pool, prefill.batch, prefill.scale)

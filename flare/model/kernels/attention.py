@@ -218,18 +218,9 @@ def _paged_attention_kernel(
             _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries,
                            token, num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
             if MERGE_IN_KERNEL:
-                # The CTA's partial stores, then one thread's device-scope release count: the
-                # split that counts last acquires them and reads them from L2 (.cg), never
-                # from a stale L1 line (CUTLASS's semaphore: barrier, then one release).
-                tl.debug_barrier()
-                counter = counter_ptr + block * (batch_size * NUM_KV_HEADS) + pair
-                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
-                    num_rows = batch_size * num_queries * num_heads
-                    flat = (b * num_queries + token) * num_heads + head
-                    merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
-                                             tl.zeros_like(flat) + active, NUM_SPLITS, HEAD_DIM, ".cg")
-                    tl.store(out_rows, merged.to(out_ptr.dtype.element_ty), mask=store_ok)
-                    tl.atomic_xchg(counter, 0)  # ready for the next launch
+                _merge_if_last(counter_ptr + block * (batch_size * NUM_KV_HEADS) + pair, active, part_o_ptr,
+                               part_lse_ptr, (b * num_queries + token) * num_heads + head, row_ok,
+                               batch_size * num_queries * num_heads, dims, store_ok, out_rows, NUM_SPLITS, HEAD_DIM)
     else:
         _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, num_queries, token,
                        num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
@@ -368,6 +359,22 @@ def _merge_partials(part_o_ptr, part_lse_ptr, rows, row_ok, num_rows, dims, mask
 
 
 @triton.jit
+def _merge_if_last(counter, active, part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok, out_rows,
+                   NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The in-kernel merge, after a split stored its partial: the split that counts last at
+    ``counter`` (of ``active`` splits) merges flat rows ``flat`` into ``out_rows`` and resets
+    the counter for the next launch. The CTA's partial stores, then one thread's device-scope
+    release count: the split that counts last acquires them and reads them from L2 (.cg),
+    never from a stale L1 line (CUTLASS's semaphore: barrier, then one release)."""
+    tl.debug_barrier()
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == active - 1:
+        merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, num_rows, dims, store_ok,
+                                 tl.zeros_like(flat) + active, NUM_SPLITS, HEAD_DIM, ".cg")
+        tl.store(out_rows, merged.to(out_rows.dtype.element_ty), mask=store_ok)
+        tl.atomic_xchg(counter, 0)
+
+
+@triton.jit
 def _store_merged(part_o_ptr, part_lse_ptr, out_at, rows, row_ok, num_rows, active, NUM_SPLITS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Flat rows ``rows`` merged from their first ``active`` splits' partials, stored at each
@@ -472,6 +479,7 @@ def _balanced_decode_kernel(
         NUM_KV_HEADS, NUM_SPLITS, PAGE, BLOCK_N, BLOCK_B)
     items_b = splits_b * NUM_KV_HEADS
     ends_b = tl.cumsum(items_b, axis=0)
+    starts_b = ends_b - items_b
     num_items = tl.sum(items_b, axis=0)
     if EARLY_METADATA:
         wait_for_inputs(PDL)
@@ -485,7 +493,7 @@ def _balanced_decode_kernel(
     in_page = offs_n % PAGE
     for item in range(tl.program_id(0), num_items, num_programs):
         b = tl.sum((ends_b <= item).to(tl.int32), axis=0)
-        local = item - (_pick(ends_b, lanes, b) - _pick(items_b, lanes, b))
+        local = item - _pick(starts_b, lanes, b)
         kv_head = local % NUM_KV_HEADS
         split = local // NUM_KV_HEADS
         num_steps = _pick(steps_b, lanes, b)
@@ -513,14 +521,9 @@ def _balanced_decode_kernel(
             _store_partial(out, m_i, l_i, has_keys, part_o_ptr, part_lse_ptr, split, batch_size, b, 1, token,
                            num_heads, head, dims, row_ok, store_ok, HEAD_DIM)
             if MERGE_IN_KERNEL:
-                tl.debug_barrier()
-                counter = counter_ptr + b * NUM_KV_HEADS + kv_head
-                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == row_splits - 1:
-                    flat = b * num_heads + head
-                    merged = _merge_partials(part_o_ptr, part_lse_ptr, flat, row_ok, batch_size * num_heads, dims,
-                                             store_ok, tl.zeros_like(flat) + row_splits, NUM_SPLITS, HEAD_DIM, ".cg")
-                    tl.store(out_rows, merged.to(out_ptr.dtype.element_ty), mask=store_ok)
-                    tl.atomic_xchg(counter, 0)  # ready for the next launch
+                _merge_if_last(counter_ptr + b * NUM_KV_HEADS + kv_head, row_splits, part_o_ptr, part_lse_ptr,
+                               b * num_heads + head, row_ok, batch_size * num_heads, dims, store_ok, out_rows,
+                               NUM_SPLITS, HEAD_DIM)
 
 
 @triton.jit
@@ -620,9 +623,10 @@ class AttentionLaunch:
     # Decode grids too large for the preload: a fixed grid of this many programs an SM takes
     # the batch's (row, kv head, split) items in turn, each row's split count chosen on the
     # device from the batch's lengths (_balanced_plan), so short rows take one split and no
-    # merge, and long rows as many as fill the grid. 0: the static splits (choose_num_splits)
-    # with their merge. Off: on an H100 (2026-12-07) it tied them at 8-64 rows over 192 keys
-    # and lost 2.4-3.0% at batch 64 over 1,024 (TUNING.md, "Balanced decode grid").
+    # merge, and long rows as many as fill the grid (merge_in_kernel: split rows merged by their
+    # last split). 0: the static splits (choose_num_splits) with their merge. Off: on an H100
+    # (2026-12-07) it tied them at 8-64 rows over 192 keys and lost 2.4-3.0% at batch 64 over
+    # 1,024 (TUNING.md, "Balanced decode grid").
     balanced_programs_per_sm: int = 0
     # The balanced launch splits no row into parts of fewer key steps (64-key pages) than this.
     balanced_min_steps: int = 4
@@ -631,8 +635,6 @@ class AttentionLaunch:
     # stages (three); capped at 168, 3 stages spill 8 bytes.
     balanced_num_stages: int = 3
     balanced_max_registers: int = 0
-    # Split rows merged by their last split to finish (no merge kernel in the chain).
-    balanced_merge_in_kernel: bool = False
 
 
 # H200 sweeps: for decode 3 stages beat 2 and 4; two pages per step won 1.3 us at
@@ -702,7 +704,7 @@ def _launch(kernel: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     # in the round are written by this step too (AttentionBatch.keys_this_step).
     preload = launch.preload and nq == 1 and batch.keys_this_step == 1 \
         and programs <= PRELOAD_PROGRAMS_PER_SM * sm_count(q.device)
-    if nq == 1 and not preload and launch.balanced_programs_per_sm > 0 and not launch.merge_in_kernel:
+    if nq == 1 and not preload and launch.balanced_programs_per_sm > 0:
         return _launch_balanced(q, k_pool, v_pool, batch, scale, launch, num_splits, out)
     counters = _counters(q.device, num_blocks * b * hkv) if num_splits > 1 and launch.merge_in_kernel else None
     if num_splits > 1:
@@ -763,7 +765,7 @@ def _launch_balanced(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     pdl = pdl_level(q)
     early = launch.preload and batch.keys_this_step == 1
     # None inside a capture that would need new counters: the merge kernel then
-    counters = _counters(q.device, b * hkv) if num_splits > 1 and launch.balanced_merge_in_kernel else None
+    counters = _counters(q.device, b * hkv) if num_splits > 1 and launch.merge_in_kernel else None
     _balanced_decode_kernel[(programs,)](
         q, k_pool, v_pool, out, part_o, part_lse, counters if counters is not None else out, pos, table,
         batch.kv_lens,

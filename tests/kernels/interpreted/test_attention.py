@@ -212,7 +212,7 @@ def test_decode_balanced_grid(monkeypatch, min_steps):
     assert torch.equal(few, unsplit)
     # The last split of a row to finish merging it: the merge kernel's bits, the counters back at zero.
     for _ in range(2):
-        merged = paged_decode_attention(*args, num_splits=4, launch=replace(launch, balanced_merge_in_kernel=True))
+        merged = paged_decode_attention(*args, num_splits=4, launch=replace(launch, merge_in_kernel=True))
         assert torch.equal(merged, got)
     assert all(int(t.abs().sum()) == 0 for held in attention._COUNTERS.values() for t in held)
     with pytest.raises(KernelInputError, match="balanced_min_steps"):
